@@ -1,0 +1,67 @@
+"""Tiny random Llama checkpoints in Hugging Face layout, built with `transformers` (tests only).
+
+They cover what trips engines up: grouped-query attention, Llama-3 rope scaling, tied and
+untied embeddings, sizes that are not powers of two, and sharded checkpoints.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VARIANTS: dict[str, dict] = {
+    # GQA 3:1 like SmolLM2, tied embeddings, unscaled rope
+    "gqa_tied": dict(hidden_size=96, intermediate_size=160, num_attention_heads=6,
+                     num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    # Llama-3 rope scaling, untied embeddings, GQA 4:1
+    "llama3_untied": dict(hidden_size=128, intermediate_size=200, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                          rope_theta=500000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 64}),
+    # odd sizes, plain multi-head attention (GQA ratio 1)
+    "odd_mha": dict(hidden_size=72, intermediate_size=100, num_attention_heads=3,
+                    num_key_value_heads=3, head_dim=24, tie_word_embeddings=False),
+}
+
+
+def hf_config(variant: str, vocab_size: int = 211, num_layers: int = 2, **overrides):
+    """A transformers LlamaConfig for one of VARIANTS."""
+    from transformers import LlamaConfig
+    kw = dict(vocab_size=vocab_size, num_hidden_layers=num_layers, rms_norm_eps=1e-5,
+              max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+              attention_bias=False, mlp_bias=False)
+    kw.update(VARIANTS[variant])
+    kw.update(overrides)
+    return LlamaConfig(**kw)
+
+
+def tiny_llama(variant: str, seed: int = 0, **overrides):
+    """A random transformers LlamaForCausalLM (float32, eval mode)."""
+    from transformers import LlamaForCausalLM
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_config(variant, **overrides)).eval()
+    # Default init gives near-uniform logits; widen the weights so greedy picks are decisive.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def save_tiny_llama(directory: Path, variant: str, seed: int = 0, shard_size: str | None = None,
+                    dtype: torch.dtype = torch.float32, **overrides):
+    """Save a tiny random Llama in HF layout (config.json + safetensors); return the model.
+
+    shard_size="20KB" writes a sharded checkpoint with model.safetensors.index.json.
+    """
+    model = tiny_llama(variant, seed, **overrides).to(dtype)
+    kwargs = {"safe_serialization": True}
+    if shard_size:
+        kwargs["max_shard_size"] = shard_size
+    model.save_pretrained(directory, **kwargs)
+    cfg = json.loads((Path(directory) / "config.json").read_text())
+    assert cfg["model_type"] == "llama"
+    return model

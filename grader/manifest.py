@@ -1,0 +1,94 @@
+"""The course manifest (stages.toml): the one place that orders and describes the stages."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "stages.toml"
+
+
+class UnknownStage(ValueError):
+    """A stage id that the manifest does not list."""
+
+
+class StageNotAvailable(ValueError):
+    """A stage the manifest lists as planned: its lesson outline exists, its tests do not."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: str
+    dir: str
+    title: str
+    status: str
+    parts: tuple[str, ...]
+    points: int
+    gpu: bool
+    needs: tuple[str, ...]
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    @property
+    def number(self) -> int:
+        return int(self.id)
+
+    def solution_dir(self) -> Path:
+        return ROOT / "solutions" / self.dir
+
+    def skeleton_dir(self) -> Path:
+        return ROOT / "stages" / self.dir
+
+    def tests_dir(self) -> Path:
+        return self.skeleton_dir() / "tests"
+
+
+@lru_cache(maxsize=1)
+def stages() -> tuple[Stage, ...]:
+    with open(MANIFEST, "rb") as f:
+        raw = tomllib.load(f)
+    out = []
+    for entry in raw["stage"]:
+        out.append(Stage(
+            id=entry["id"], dir=entry["dir"], title=entry["title"], status=entry["status"],
+            parts=tuple(entry["parts"]), points=int(entry["points"]), gpu=bool(entry["gpu"]),
+            needs=tuple(entry["needs"]),
+        ))
+    return tuple(out)
+
+
+def normalize_id(text: str) -> str:
+    """'7', '07' and '07_attention' all name stage 07."""
+    head = text.strip().split("_", 1)[0]
+    return head.zfill(2) if head.isdigit() else text.strip()
+
+
+def find(text: str) -> Stage:
+    """The stage named by `text`, or UnknownStage listing the valid ids."""
+    wanted = normalize_id(text)
+    for stage in stages():
+        if stage.id == wanted:
+            return stage
+    valid = ", ".join(f"{s.id} ({s.dir})" for s in stages())
+    raise UnknownStage(f"there is no stage {text!r}. Valid stages: {valid}")
+
+
+def find_ready(text: str) -> Stage:
+    """Like find(), but a planned stage is an error that says so plainly."""
+    stage = find(text)
+    if not stage.ready:
+        ready = ", ".join(s.id for s in stages() if s.ready)
+        raise StageNotAvailable(
+            f"stage {stage.id} ({stage.dir}) is not available yet: its lesson outline is in "
+            f"stages/{stage.dir}/README.md, but it has no parts or tests to grade. "
+            f"Stages available now: {ready}")
+    return stage
+
+
+def upto(stage: Stage) -> tuple[Stage, ...]:
+    """Stages 01..stage in course order (for --cumulative)."""
+    return tuple(s for s in stages() if s.number <= stage.number)

@@ -1,0 +1,103 @@
+"""The parts resolver: which file stands for a stage's part, the student's or the reference.
+
+Grading stage NN uses the student's files for NN and the reference (solutions/) for every
+other stage, so a student stuck on 07 can still do 08. `--cumulative` takes the student's
+01..NN; `--solution` takes the reference everywhere. The choice travels to the child
+process that runs the tests through two environment variables, read here and nowhere else:
+
+    TINYVLLM_STUDENT       comma-separated stage ids whose parts come from the student
+    TINYVLLM_STUDENT_ROOT  the student's stages/ directory (default: <repo>/stages)
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from grader import manifest
+
+STUDENT_ENV = "TINYVLLM_STUDENT"
+STUDENT_ROOT_ENV = "TINYVLLM_STUDENT_ROOT"
+
+_modules: dict[Path, ModuleType] = {}
+
+
+def student_stage_ids() -> frozenset[str]:
+    raw = os.environ.get(STUDENT_ENV, "")
+    return frozenset(manifest.normalize_id(x) for x in raw.split(",") if x.strip())
+
+
+def student_root() -> Path:
+    return Path(os.environ.get(STUDENT_ROOT_ENV, manifest.ROOT / "stages")).resolve()
+
+
+def selection_env(student_ids: list[str], root: Path | None = None) -> dict[str, str]:
+    """The environment that makes a child process resolve parts this way."""
+    env = {STUDENT_ENV: ",".join(student_ids)}
+    if root is not None:
+        env[STUDENT_ROOT_ENV] = str(Path(root).resolve())
+    return env
+
+
+def is_student(stage: manifest.Stage, filename: str) -> bool:
+    return stage.id in student_stage_ids() and filename in stage.parts
+
+
+def path(stage_id: str, filename: str) -> Path:
+    """The file that stands for `filename` of stage `stage_id` under the current selection."""
+    stage = manifest.find(stage_id)
+    if is_student(stage, filename):
+        return student_root() / stage.dir / filename
+    return stage.solution_dir() / filename
+
+
+def load(stage_id: str, module: str) -> ModuleType:
+    """Import `<module>.py` of a stage, the student's or the reference's as selected."""
+    return _import(path(stage_id, module + ".py"), stage_id, module)
+
+
+def reference(stage_id: str, module: str) -> ModuleType:
+    """The reference copy of a module, whatever the selection (tests use it as an oracle)."""
+    return _import(manifest.find(stage_id).solution_dir() / (module + ".py"), stage_id, module)
+
+
+def _import(file: Path, stage_id: str, module: str) -> ModuleType:
+    # Stage directories are not Python packages (their names start with digits), so parts
+    # are imported by path and cached by path: a student's and the reference's copy of the
+    # same part are different modules and never shadow each other.
+    if file in _modules:
+        return _modules[file]
+    if not file.exists():
+        raise FileNotFoundError(f"stage {stage_id}: {file} is missing (part {module}.py)")
+    origin = "student" if file.is_relative_to(student_root()) else "solution"
+    name = f"tinyvllm_{origin}_{manifest.normalize_id(stage_id)}_{module}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    _modules[file] = mod
+    return mod
+
+
+def kernel_sources() -> list[Path]:
+    """Every CUDA/C++ source of every ready stage, resolved under the current selection."""
+    sources = []
+    for stage in manifest.stages():
+        if not stage.ready:
+            continue
+        for src in sorted(stage.solution_dir().glob("*")):
+            if src.suffix in (".cu", ".cpp"):
+                sources.append(path(stage.id, src.name))
+    return sources
+
+
+def kernels():
+    """`torch.ops.tinyvllm`, with every kernel built from the selected sources and loaded."""
+    from grader import build
+    return build.load_kernels(kernel_sources())

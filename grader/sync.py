@@ -1,0 +1,110 @@
+"""Generate every skeleton in stages/ from its solution in solutions/ (`nox -s sync-stages`).
+
+In a solution part, a region between two marker comments is what the student writes:
+
+    # BEGIN SOLUTION: parse the 8-byte header length
+    ...reference code...
+    # END SOLUTION
+
+becomes, in the skeleton,
+
+    # TODO stage 01: parse the 8-byte header length (about 6 lines)
+    raise NotImplementedError("TODO stage 01: parse the 8-byte header length (about 6 lines)")
+
+Python regions get that `raise` by default. C++/CUDA regions get only the comment, unless
+the marker names a stub after ` | ` (`// BEGIN SOLUTION: launch it | return "{todo}";`),
+where {todo} stands for the TODO message. So every skeleton compiles and fails with
+"TODO stage NN: ..." instead of crashing. `--check` reports skeletons out of sync.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from grader import manifest
+
+BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>#|//)\s*BEGIN SOLUTION(?::\s*(?P<hint>[^|]*?))?"
+                   r"\s*(?:\|\s*(?P<stub>.*?))?\s*$")
+END = re.compile(r"^\s*(#|//)\s*END SOLUTION\s*$")
+
+
+class MarkerError(ValueError):
+    """A solution file whose markers do not pair up."""
+
+
+def skeleton_text(text: str, stage_id: str, filename: str) -> str:
+    """The skeleton of one solution file."""
+    out: list[str] = []
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if END.match(lines[i]):
+            raise MarkerError(f"{filename}:{i + 1}: END SOLUTION without BEGIN SOLUTION")
+        if not m:
+            out.append(lines[i])
+            i += 1
+            continue
+        start = i
+        i += 1
+        body = 0
+        while i < len(lines) and not END.match(lines[i]):
+            if BEGIN.match(lines[i]):
+                raise MarkerError(f"{filename}:{i + 1}: BEGIN SOLUTION inside another region "
+                                  f"(opened at line {start + 1})")
+            body += bool(lines[i].strip())
+            i += 1
+        if i == len(lines):
+            raise MarkerError(f"{filename}:{start + 1}: BEGIN SOLUTION is never closed")
+        i += 1  # the END line
+        indent, comment = m["indent"], m["comment"]
+        hint = (m["hint"] or "complete this part").strip()
+        todo = f"TODO stage {stage_id}: {hint} (about {body} line{'s' if body != 1 else ''})"
+        out.append(f"{indent}{comment} {todo}\n")
+        stub = m["stub"]
+        if stub is None and comment == "#":
+            stub = 'raise NotImplementedError("{todo}")'
+        if stub:
+            out.append(f"{indent}{stub.replace('{todo}', todo)}\n")
+    return "".join(out)
+
+
+def expected_skeletons() -> dict[Path, str]:
+    """Every skeleton part file that sync would write, with its text."""
+    files: dict[Path, str] = {}
+    for stage in manifest.stages():
+        for part in stage.parts:
+            src = stage.solution_dir() / part
+            if not src.exists():
+                raise FileNotFoundError(f"stage {stage.id} lists part {part} but {src} is missing")
+            files[stage.skeleton_dir() / part] = skeleton_text(src.read_text(), stage.id, part)
+    return files
+
+
+def out_of_sync() -> list[Path]:
+    return [p for p, text in expected_skeletons().items()
+            if not p.exists() or p.read_text() != text]
+
+
+def main(argv: list[str]) -> int:
+    if "--check" in argv:
+        stale = out_of_sync()
+        for p in stale:
+            print(f"out of sync: {p.relative_to(manifest.ROOT)}")
+        if stale:
+            print("skeletons are generated from solutions/: run `nox -s sync-stages` "
+                  "(or python3 -m grader.sync) and commit the result")
+            return 1
+        print("every skeleton is in sync with its solution")
+        return 0
+    for path, text in expected_skeletons().items():
+        if not path.exists() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(manifest.ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
