@@ -124,6 +124,8 @@ def _common_bytes() -> bytes:
 def compile_object(src: Path, arch_list: list[str]) -> Path:
     """Compile one source to a cached object; raise BuildError with the compiler's errors."""
     import torch
+    if not src.is_file():
+        raise BuildError(f"{src} is missing: every kernel source of every stage is needed to build")
     probe = _compile_command(src, Path("OBJ"), arch_list)
     key = _digest(src.read_bytes(), _common_bytes(), " ".join(probe).encode(),
                   torch.__version__.encode())

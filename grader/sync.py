@@ -70,15 +70,20 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
     return "".join(out)
 
 
+def missing_solutions() -> list[Path]:
+    """Parts the manifest lists whose solution file does not exist."""
+    return [s.solution_dir() / part for s in manifest.stages() for part in s.parts
+            if not (s.solution_dir() / part).exists()]
+
+
 def expected_skeletons() -> dict[Path, str]:
     """Every skeleton part file that sync would write, with its text."""
     files: dict[Path, str] = {}
     for stage in manifest.stages():
         for part in stage.parts:
             src = stage.solution_dir() / part
-            if not src.exists():
-                raise FileNotFoundError(f"stage {stage.id} lists part {part} but {src} is missing")
-            files[stage.skeleton_dir() / part] = skeleton_text(src.read_text(), stage.id, part)
+            if src.exists():
+                files[stage.skeleton_dir() / part] = skeleton_text(src.read_text(), stage.id, part)
     return files
 
 
@@ -88,8 +93,10 @@ def out_of_sync() -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    for src in missing_solutions():
+        print(f"missing solution: {src.relative_to(manifest.ROOT)} (listed as a part in stages.toml)")
     if "--check" in argv:
-        stale = out_of_sync()
+        stale = out_of_sync() + missing_solutions()
         for p in stale:
             print(f"out of sync: {p.relative_to(manifest.ROOT)}")
         if stale:

@@ -1,0 +1,44 @@
+"""pytest setup shared by the stage tests, the project tests and instructors' hidden tests.
+
+`@pytest.mark.gpu` marks a test that needs a CUDA device. On a machine without one it is
+skipped with the reason "not graded: no CUDA device", which the grader reports as such and
+scores zero: a GPU test that did not run is never counted as passed.
+Loaded by the top-level conftest.py and, for tests outside the repo, by the grader (-p).
+"""
+from __future__ import annotations
+
+import pytest
+
+NO_CUDA = "not graded: no CUDA device"
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (not graded without one)")
+    config.addinivalue_line("markers", "points(n): weight of a graded test (default 1)")
+    config.addinivalue_line("markers", "slow: takes more than a few seconds on a CPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason=NO_CUDA)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed for this test; printed, so a failure can be replayed with TINYVLLM_SEED."""
+    from grader import checks
+    s = checks.fresh_seed()
+    print(f"seed {s} (replay: TINYVLLM_SEED={s})")
+    return s
