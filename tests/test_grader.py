@@ -1,0 +1,158 @@
+"""The grader itself: manifest, resolver, skeleton generation, runner outcomes, reports, CLI."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from grader import manifest, parts, report, runner, sync
+
+ROOT = manifest.ROOT
+
+
+def grader_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=cwd, capture_output=True,
+                          text=True)
+
+
+def test_manifest_lists_fourteen_stages_in_order():
+    ids = [s.id for s in manifest.stages()]
+    assert ids == [f"{i:02d}" for i in range(1, 15)]
+    assert [s.dir for s in manifest.stages()][0] == "01_load"
+    assert manifest.stages()[-1].dir == "14_paged_kernel"
+    for s in manifest.stages():
+        assert (ROOT / "stages" / s.dir / "README.md").is_file(), f"{s.dir} has no lesson"
+        assert set(s.needs) < {x.id for x in manifest.stages() if x.number < s.number} | {""}
+
+
+@pytest.mark.parametrize("text", ["7", "07", "07_attention"])
+def test_stage_ids_are_normalized(text):
+    assert manifest.find(text).dir == "07_attention"
+
+
+def test_unknown_stage_lists_valid_ones():
+    proc = grader_cli("42")
+    assert proc.returncode == 2
+    assert "there is no stage '42'" in proc.stderr and "01 (01_load)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_planned_stage_says_not_available():
+    planned = next(s for s in manifest.stages() if not s.ready)
+    proc = grader_cli(planned.id)
+    assert proc.returncode == 2
+    assert f"stage {planned.id} ({planned.dir}) is not available yet" in proc.stderr
+
+
+def test_resolver_picks_student_part_only_for_selected_stage(monkeypatch, tmp_path):
+    monkeypatch.setenv(parts.STUDENT_ENV, "01")
+    monkeypatch.setenv(parts.STUDENT_ROOT_ENV, str(tmp_path))
+    assert parts.path("01", "bf16.cu") == tmp_path / "01_load" / "bf16.cu"
+    assert parts.path("01", "bf16_binding.cpp") == ROOT / "solutions/01_load/bf16_binding.cpp"
+    assert parts.path("03", "embedding.cu") == ROOT / "solutions/03_embedding/embedding.cu"
+    monkeypatch.setenv(parts.STUDENT_ENV, "")
+    assert parts.path("01", "bf16.cu") == ROOT / "solutions/01_load/bf16.cu"
+
+
+SOLUTION = textwrap.dedent('''\
+    def area(w, h):
+        """Area of a rectangle."""
+        # BEGIN SOLUTION: multiply the sides
+        result = w * h
+        return result
+        # END SOLUTION
+    ''')
+
+
+def test_sync_replaces_python_regions_with_todo():
+    out = sync.skeleton_text(SOLUTION, "05", "area.py")
+    assert "w * h" not in out
+    assert "# TODO stage 05: multiply the sides (about 2 lines)" in out
+    assert 'raise NotImplementedError("TODO stage 05: multiply the sides (about 2 lines)")' in out
+    ns: dict = {}
+    exec(out, ns)
+    with pytest.raises(NotImplementedError, match="TODO stage 05"):
+        ns["area"](2, 3)
+
+
+def test_sync_cuda_stub_and_unbalanced_markers():
+    cu = ("int f() {\n  // BEGIN SOLUTION: launch it | return \"{todo}\";\n  go();\n"
+          "  // END SOLUTION\n}\n")
+    out = sync.skeleton_text(cu, "04", "k.cu")
+    assert 'return "TODO stage 04: launch it (about 1 line)";' in out and "go();" not in out
+    with pytest.raises(sync.MarkerError, match="never closed"):
+        sync.skeleton_text("# BEGIN SOLUTION\nx = 1\n", "01", "a.py")
+    with pytest.raises(sync.MarkerError, match="without BEGIN"):
+        sync.skeleton_text("x = 1\n# END SOLUTION\n", "01", "a.py")
+
+
+def test_every_skeleton_is_in_sync():
+    assert not sync.missing_solutions()
+    stale = sync.out_of_sync()
+    assert not stale, f"run `nox -s sync-stages`: {stale}"
+
+
+SMOKE = textwrap.dedent('''\
+    import os, signal, time, pytest
+    def test_pass(): pass
+    def test_todo(): raise NotImplementedError("TODO stage 01: write it (about 3 lines)")
+    @pytest.mark.gpu
+    def test_gpu(): pass
+    def test_crash(): os.kill(os.getpid(), signal.SIGSEGV)
+    def test_hang(): time.sleep(60)
+    def test_fail(): assert 1 == 2, "expected 1 to be 2"
+    @pytest.mark.points(3)
+    def test_after_the_crash_and_the_hang(): pass
+    ''')
+
+
+@pytest.fixture
+def smoke_tests(tmp_path):
+    (tmp_path / "test_smoke.py").write_text(SMOKE)
+    return tmp_path
+
+
+def test_runner_survives_crashes_and_hangs(smoke_tests):
+    import torch
+    tests, errors = runner.run_tests([smoke_tests], [], test_timeout=5)
+    outcome = {t.name.split("::")[-1]: t.outcome for t in tests}
+    assert errors == []
+    assert outcome == {
+        "test_pass": "passed", "test_todo": "todo",
+        "test_gpu": "passed" if torch.cuda.is_available() else "not_graded",
+        "test_crash": "crashed", "test_hang": "timeout", "test_fail": "failed",
+        "test_after_the_crash_and_the_hang": "passed",
+    }
+    crash = next(t for t in tests if t.name.endswith("test_crash"))
+    assert "SIGSEGV" in crash.message
+
+
+def test_score_counts_not_graded_as_zero(smoke_tests):
+    stage = manifest.find("01")
+    result = runner.StageResult(stage, "x", [
+        runner.TestResult("a", "passed", points=1), runner.TestResult("b", "not_graded", points=1),
+        runner.TestResult("c", "passed", points=2)])
+    assert result.score == 75 and not result.full_marks
+    text = report.render(result)
+    assert "Score: 75/100" in text and "not graded: no CUDA device" in text
+
+
+def test_reports_json_junit_csv(tmp_path):
+    stage = manifest.find("02")
+    result = runner.StageResult(stage, "x", [
+        runner.TestResult("stages/02/tests/test_a.py::test_ok", "passed"),
+        runner.TestResult("stages/02/tests/test_a.py::test_todo", "todo", "TODO stage 02: x"),
+        runner.TestResult("stages/02/tests/test_a.py::test_gpu", "not_graded", "no CUDA")])
+    report.write_json(tmp_path / "r.json", [report.as_dict(result)])
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["score"] == pytest.approx(33.3) and data["counts"]["todo"] == 1
+    report.write_junit(tmp_path / "r.xml", [("alice ", result)])
+    suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite.get("failures") == "1" and suite.get("skipped") == "1"
+    report.write_csv(tmp_path / "r.csv", [{"student": "alice", "stage_02": "33.3"}])
+    assert (tmp_path / "r.csv").read_text().splitlines()[1] == "alice,33.3"

@@ -1,0 +1,39 @@
+"""Every solution passes its stage's tests; every skeleton fails them with TODO messages.
+
+This grades each available stage twice through the real grader (child processes and all):
+once with the reference everywhere, once with the student's (= the skeleton's) parts.
+On a machine without a GPU the kernel tests are 'not graded', never passed.
+"""
+from __future__ import annotations
+
+import pytest
+
+from grader import manifest, runner
+
+READY = [s for s in manifest.stages() if s.ready]
+
+
+@pytest.mark.parametrize("stage", READY, ids=lambda s: s.dir)
+def test_solution_passes(stage):
+    result = runner.run_stage(stage, [])
+    assert not result.errors, "\n".join(result.errors)
+    assert result.tests, f"stage {stage.id} has no tests"
+    bad = [t for t in result.tests if t.outcome not in ("passed", "not_graded")]
+    assert not bad, "the reference solution must pass every test:\n" + "\n".join(
+        f"{t.name}: {t.outcome}\n{t.message}" for t in bad)
+
+
+@pytest.mark.parametrize("stage", READY, ids=lambda s: s.dir)
+def test_skeleton_fails_with_todo(stage):
+    result = runner.run_stage(stage, [stage.id])
+    assert not result.errors, "\n".join(result.errors)
+    assert result.score == 0, f"the skeleton of stage {stage.id} scored {result.score}"
+    passed = [t.name for t in result.tests if t.outcome == "passed"]
+    assert not passed, f"tests that pass on the bare skeleton grade nothing: {passed}"
+    wrong = [t for t in result.tests if t.outcome not in ("todo", "not_graded")]
+    assert not wrong, "a skeleton must fail with 'TODO stage NN: ...', not crash:\n" + "\n".join(
+        f"{t.name}: {t.outcome}\n{t.message}" for t in wrong)
+    ran = [t for t in result.tests if t.outcome == "todo"]
+    if any(t.outcome == "not_graded" for t in result.tests) and not ran:
+        return  # a GPU-only stage on a CPU machine: nothing ran, nothing to check
+    assert all(f"TODO stage {stage.id}" in t.message or "TODO stage" in t.message for t in ran)
