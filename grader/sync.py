@@ -92,11 +92,38 @@ def out_of_sync() -> list[Path]:
             if not p.exists() or p.read_text() != text]
 
 
+README = manifest.ROOT / "README.md"
+MAP_BEGIN, MAP_END = "<!-- stage map: generated from stages.toml by grader/sync.py -->", "<!-- end of stage map -->"
+
+
+def stage_map() -> str:
+    """The README's stage table, from the manifest."""
+    rows = ["| stage | title | GPU | status |", "| --- | --- | --- | --- |"]
+    for s in manifest.stages():
+        status = "ready" if s.ready else "planned (lesson outline)"
+        rows.append(f"| [{s.dir}](stages/{s.dir}/README.md) | {s.title} | "
+                    f"{'yes' if s.gpu else 'no'} | {status} |")
+    return "\n".join(rows)
+
+
+def readme_text() -> str | None:
+    """README.md with its stage map regenerated (None when README has no map markers)."""
+    text = README.read_text() if README.exists() else ""
+    if MAP_BEGIN not in text or MAP_END not in text:
+        return None
+    head, rest = text.split(MAP_BEGIN, 1)
+    _, tail = rest.split(MAP_END, 1)
+    return f"{head}{MAP_BEGIN}\n{stage_map()}\n{MAP_END}{tail}"
+
+
 def main(argv: list[str]) -> int:
     for src in missing_solutions():
         print(f"missing solution: {src.relative_to(manifest.ROOT)} (listed as a part in stages.toml)")
+    readme = readme_text()
     if "--check" in argv:
         stale = out_of_sync() + missing_solutions()
+        if readme is not None and readme != README.read_text():
+            stale.append(README)
         for p in stale:
             print(f"out of sync: {p.relative_to(manifest.ROOT)}")
         if stale:
@@ -110,6 +137,9 @@ def main(argv: list[str]) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path.relative_to(manifest.ROOT)}")
+    if readme is not None and readme != README.read_text():
+        README.write_text(readme)
+        print("wrote README.md (stage map)")
     return 0
 
 
