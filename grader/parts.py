@@ -97,7 +97,17 @@ def kernel_sources() -> list[Path]:
     return sources
 
 
+_kernels = None
+
+
 def kernels():
-    """`torch.ops.tinyvllm`, with every kernel built from the selected sources and loaded."""
-    from grader import build
-    return build.load_kernels(kernel_sources())
+    """`torch.ops.tinyvllm`, with every kernel built from the selected sources and loaded.
+
+    Built once per process (the selection is fixed for a process's life), so the ops, which
+    call this on every launch, pay a global lookup, not a rescan of the sources.
+    """
+    global _kernels
+    if _kernels is None:
+        from grader import build
+        _kernels = build.load_kernels(kernel_sources())
+    return _kernels
