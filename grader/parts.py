@@ -109,5 +109,10 @@ def kernels():
     global _kernels
     if _kernels is None:
         from grader import build
-        _kernels = build.load_kernels(kernel_sources())
+        try:
+            _kernels = build.load_kernels(kernel_sources())
+        except build.BuildError as e:
+            _kernels = e  # every later test fails with the same compiler message, no recompile
+    if isinstance(_kernels, Exception):
+        raise _kernels
     return _kernels
