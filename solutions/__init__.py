@@ -1,0 +1,1 @@
+"""tiny-vllm reference solutions: the finished engine the stages build up to."""
