@@ -66,7 +66,8 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
         if stub is None and comment == "#":
             stub = 'raise NotImplementedError("{todo}")'
         if stub:
-            out.append(f"{indent}{stub.replace('{todo}', todo)}\n")
+            literal = todo.replace("\\", "\\\\").replace('"', '\\"')  # inside "..." in C++ and Python
+            out.append(f"{indent}{stub.replace('{todo}', literal)}\n")
     return "".join(out)
 
 

@@ -1,0 +1,124 @@
+"""Compare our forward pass and greedy decoding with transformers' on the same weights (tests only).
+
+Three measures, each with a message that says where things went apart:
+
+- `rel_error`: the relative Frobenius error ||got - expected|| / ||expected||, one number per
+  tensor. A bf16 forward pass rounds every op's output to 8 significant bits; two correct
+  implementations that round at slightly different places drift apart by ~1e-3..1e-2 after
+  dozens of layers, far less than a real bug (a wrong head mapping or a missing residual
+  is an error of order 1).
+- `hf_forward`: transformers' logits and every decoder layer's output (the residual stream
+  after each layer), captured with forward hooks.
+- `assert_greedy_agrees`: greedy tokens must be equal, except where the two implementations
+  may legitimately pick differently: at a NEAR-TIE, where transformers' own logits put our
+  token within `tie_tol` of its choice. After such a step the two continuations differ, so
+  the comparison stops there; any other divergence fails.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """||got - expected||_F / ||expected||_F, computed in float64 (inf if shapes differ)."""
+    if got.shape != expected.shape:
+        return float("inf")
+    g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+    if not torch.isfinite(g).all():
+        return float("inf")
+    return float((g - e).norm() / e.norm().clamp_min(1e-30))
+
+
+def assert_rel_close(got: torch.Tensor, expected: torch.Tensor, tol: float, what: str,
+                     hint: str = "") -> float:
+    """Fail unless rel_error(got, expected) <= tol; return the error."""
+    err = rel_error(got, expected)
+    if err <= tol:
+        return err
+    lines = [f"{what}: relative error {err:.3g} > tolerance {tol:g}"]
+    if got.shape != expected.shape:
+        lines.append(f"  expected shape {tuple(expected.shape)}, got {tuple(got.shape)}")
+    else:
+        g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+        bad = ~torch.isfinite(g)
+        if bad.any():
+            lines.append(f"  {int(bad.sum())} NaN/Inf values, first at "
+                         f"{tuple(int(i) for i in bad.nonzero()[0])}")
+        else:
+            diff = (g - e).abs()
+            ix = tuple(int(i) for i in (diff == diff.max()).nonzero()[0])
+            lines.append(f"  largest difference at {ix}: expected {e[ix].item():.6g}, "
+                         f"got {g[ix].item():.6g}")
+    if hint:
+        lines.append(f"  likely cause: {hint}")
+    raise AssertionError("\n".join(lines))
+
+
+@torch.no_grad()
+def hf_forward(model, ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """transformers' (logits [T, V] float32, [layer output [T, H] for each decoder layer]).
+
+    ids: one sequence (list or 1-D tensor of token ids), positions 0..T-1.
+    """
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(ids, dtype=torch.int64, device=device).reshape(1, -1)
+    outputs: list[torch.Tensor] = []
+
+    def hook(_module, _args, out):
+        outputs.append((out[0] if isinstance(out, tuple) else out)[0].detach())
+
+    handles = [layer.register_forward_hook(hook) for layer in model.model.layers]
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, outputs
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt_ids, max_new_tokens: int,
+              eos_ids=()) -> tuple[list[int], list[torch.Tensor]]:
+    """transformers' generate(do_sample=False): (new token ids, the logits [V] of each step)."""
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(prompt_ids, dtype=torch.int64, device=device).reshape(1, -1)
+    eos = list(eos_ids)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                         max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                         temperature=None, top_p=None, top_k=None,
+                         eos_token_id=eos or None, pad_token_id=eos[0] if eos else 0,
+                         output_logits=True, return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:].tolist()
+    return new, [step[0].float() for step in out.logits]
+
+
+def assert_greedy_agrees(ours: list[int], theirs: list[int], their_logits: list[torch.Tensor],
+                         tie_tol: float, what: str = "greedy tokens") -> str:
+    """Fail unless `ours` equals transformers' tokens `theirs` up to a proven near-tie.
+
+    their_logits[i] are transformers' logits at step i. A divergence at step i is a near-tie
+    when their_logits[i][theirs[i]] - their_logits[i][ours[i]] <= tie_tol: by transformers'
+    own numbers our token was as good as its choice, within rounding. Returns a one-line
+    report of what was compared.
+    """
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a == b:
+            continue
+        logits = their_logits[i]
+        gap = float(logits[b] - logits[a])
+        top2 = logits.topk(2).values
+        head = (f"{what}: first difference at step {i}: transformers picked {b}, we picked "
+                f"{a}; by transformers' logits {b} leads {a} by {gap:.4g} (its top-2 gap is "
+                f"{float(top2[0] - top2[1]):.4g}), tolerance {tie_tol:.4g}")
+        if gap <= tie_tol:
+            return f"{head}: a near-tie, so the continuations may differ; {i} steps equal"
+        raise AssertionError(
+            f"{head}: NOT a near-tie.\n  ours:   {ours}\n  theirs: {theirs}\n"
+            "  likely cause: the logits differ by more than rounding (check the per-layer "
+            "comparison), or the token picked is not the argmax of the last token's logits")
+    if len(ours) != len(theirs):
+        raise AssertionError(f"{what}: the same first {min(len(ours), len(theirs))} tokens, "
+                             f"but we generated {len(ours)} and transformers {len(theirs)}.\n"
+                             f"  ours:   {ours}\n  theirs: {theirs}\n  likely cause: stopping "
+                             "(stop after emitting an end-of-sequence id, or at max tokens)")
+    return f"{what}: all {len(ours)} tokens equal"

@@ -1,0 +1,166 @@
+"""config.json -> ModelConfig: every size the engine allocates comes from here, never from a
+constant, so any Llama-family checkpoint in Hugging Face layout loads (Llama 3.x, SmolLM2,
+TinyLlama).
+
+Two spellings of rotary-embedding settings exist in the wild:
+
+    older (transformers < 5):  "rope_theta": 500000.0,
+                               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, ...}
+                               (or "type": "llama3"; or "rope_scaling": null)
+    newer (transformers >= 5): "rope_parameters": {"rope_theta": 500000.0,
+                                                   "rope_type": "llama3", "factor": 32.0, ...}
+                               ("rope_type": "default" means no scaling)
+
+Both become ModelConfig.rope_theta + ModelConfig.rope_scaling (None or a RopeScaling).
+Graded by stages/01_load/tests/test_config.py (`nox -s grade -- 01`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A config.json this engine cannot run: a missing key, another architecture, ..."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 frequency scaling of the rotary embedding (stage 05 uses it)."""
+    rope_type: str                           # "llama3", the only kind supported
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"                   # "bfloat16", "float16", "float32"
+
+
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "rms_norm_eps", "max_position_embeddings")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings")
+
+
+def parse_rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from either spelling (see the module docstring).
+
+    - "rope_parameters" present: theta is its "rope_theta"; the scaling kind is its
+      "rope_type" ("default" -> None); the llama3 numbers are in the same dict.
+    - otherwise: theta is the top-level "rope_theta" (10000.0 when absent, as in
+      transformers); "rope_scaling" is null/absent (-> None) or a dict whose kind is under
+      "rope_type" or, in older files, "type".
+    - kind "llama3" needs the four LLAMA3_KEYS; any other kind -> ConfigError.
+    Raise ConfigError(f"{where}: ...") so the message names the file.
+    """
+    # BEGIN SOLUTION: find the rope dict, read theta and the kind, build RopeScaling
+    if raw.get("rope_parameters") is not None:
+        params = raw["rope_parameters"]
+        if not isinstance(params, dict) or "rope_theta" not in params:
+            raise ConfigError(f"{where}: rope_parameters {params!r} has no rope_theta")
+        theta = params["rope_theta"]
+    else:
+        params = raw.get("rope_scaling") or {}
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}: rope_scaling {params!r} is not an object")
+        theta = raw.get("rope_theta", 10000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return float(theta), None
+    if kind != "llama3":
+        raise ConfigError(f"{where}: rope_type {kind!r} is not supported "
+                          "(this engine implements 'default' and 'llama3')")
+    missing = [k for k in LLAMA3_KEYS if k not in params]
+    if missing:
+        raise ConfigError(f"{where}: llama3 rope scaling lacks {', '.join(missing)}")
+    return float(theta), RopeScaling(
+        rope_type="llama3", factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+    # END SOLUTION
+
+
+def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
+    """Validate a config.json dict and build a ModelConfig; `where` names it in errors.
+
+    - model_type must be "llama" (or absent); else ConfigError.
+    - every key in REQUIRED must be present; else ConfigError naming the key.
+    - num_key_value_heads defaults to num_attention_heads (pre-GQA configs lack it), and
+      num_attention_heads must be a multiple of it: each KV head serves a group of heads.
+    - head_dim defaults to hidden_size // num_attention_heads (absent or null).
+    - eos_token_id may be an int, a list (Llama 3 stops on several) or absent/null.
+    - the dtype is under "torch_dtype" (older) or "dtype" (newer); default "float32".
+    """
+    # BEGIN SOLUTION: check, apply the defaults, call parse_rope, return ModelConfig(...)
+    model_type = raw.get("model_type", "llama")
+    if model_type != "llama":
+        raise ConfigError(f"{where}: model_type {model_type!r} is not supported "
+                          "(this engine runs Llama-family models: model_type 'llama')")
+    missing = [k for k in REQUIRED if raw.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where}: required key(s) {', '.join(missing)} missing")
+    heads = int(raw["num_attention_heads"])
+    kv_heads = int(raw.get("num_key_value_heads") or heads)
+    if kv_heads <= 0 or heads % kv_heads:
+        raise ConfigError(f"{where}: num_attention_heads={heads} is not a multiple of "
+                          f"num_key_value_heads={kv_heads}")
+    hidden = int(raw["hidden_size"])
+    head_dim = raw.get("head_dim")
+    if head_dim is None:
+        if hidden % heads:
+            raise ConfigError(f"{where}: no head_dim, and hidden_size={hidden} is not a "
+                              f"multiple of num_attention_heads={heads}")
+        head_dim = hidden // heads
+    eos = raw.get("eos_token_id")
+    eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    bos = raw.get("bos_token_id")
+    theta, scaling = parse_rope(raw, where)
+    return ModelConfig(
+        vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]),
+        num_hidden_layers=int(raw["num_hidden_layers"]), num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=int(head_dim),
+        rms_norm_eps=float(raw["rms_norm_eps"]), rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=int(raw["max_position_embeddings"]),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=None if bos is None else int(bos), eos_token_ids=tuple(int(e) for e in eos),
+        dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
+    # END SOLUTION
+
+
+def load_config(source: str | os.PathLike | dict) -> ModelConfig:
+    """A ModelConfig from a model directory, a config.json path, or an already-parsed dict."""
+    if isinstance(source, dict):
+        return parse_config(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (expected a model directory or config.json)")
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return parse_config(raw, str(path))

@@ -1,0 +1,79 @@
+"""Load a Llama checkpoint in Hugging Face layout and check that it is the model config.json
+describes, tensor by tensor, before any kernel touches it.
+
+A checkpoint is either one file, model.safetensors, or shards with an index:
+
+    model.safetensors.index.json   {"metadata": {...},
+                                    "weight_map": {"model.embed_tokens.weight":
+                                                       "model-00001-of-00002.safetensors",
+                                                   ...}}
+    model-00001-of-00002.safetensors, model-00002-of-00002.safetensors
+
+The tensors come from the safetensors reader of this stage (the student's, when graded), as
+zero-copy views of the mapped files, in the dtype they are stored in.
+Graded by stages/01_load/tests/test_checkpoint.py (`nox -s grade -- 01`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from grader import parts
+
+_st = parts.load("01", "safetensors")
+CheckpointError = _st.CheckpointError
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a Llama with this ModelConfig needs, by Hugging Face name, with its shape.
+
+    Linear weights are stored [out_features, in_features] (y = x @ W.T):
+        model.embed_tokens.weight                        [vocab, hidden]
+        model.layers.{i}.input_layernorm.weight          [hidden]
+        model.layers.{i}.self_attn.q_proj.weight         [heads * head_dim, hidden]
+        model.layers.{i}.self_attn.k_proj.weight         [kv_heads * head_dim, hidden]
+        model.layers.{i}.self_attn.v_proj.weight         [kv_heads * head_dim, hidden]
+        model.layers.{i}.self_attn.o_proj.weight         [hidden, heads * head_dim]
+        model.layers.{i}.post_attention_layernorm.weight [hidden]
+        model.layers.{i}.mlp.gate_proj.weight            [intermediate, hidden]
+        model.layers.{i}.mlp.up_proj.weight              [intermediate, hidden]
+        model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]
+        model.norm.weight                                [hidden]
+        lm_head.weight                                   [vocab, hidden]  (not when tied)
+    """
+    # TODO stage 01: build the dict above from config's sizes, one group per layer (about 21 lines)
+    raise NotImplementedError("TODO stage 01: build the dict above from config's sizes, one group per layer (about 21 lines)")
+
+
+def weight_files(model_dir: str | os.PathLike) -> tuple[Path, dict[str, Path]]:
+    """(where, {tensor name: file}) for a checkpoint directory; `where` names it in errors.
+
+    - model.safetensors.index.json present: read its "weight_map" (name -> shard file name,
+      relative to model_dir); every shard it names must exist, else CheckpointError naming
+      the index and the shard. `where` is the index.
+    - else model.safetensors: every tensor in it (open it with the reader to list the names:
+      _st.SafetensorsFile(path).names()). `where` is that file.
+    - neither: CheckpointError naming the directory.
+    """
+    # TODO stage 01: the index's weight_map (shards must exist), else the single file (about 18 lines)
+    raise NotImplementedError("TODO stage 01: the index's weight_map (shards must exist), else the single file (about 18 lines)")
+
+
+def load_weights(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor]:
+    """Every tensor of expected_shapes(config), checked, plus lm_head.weight.
+
+    - each name missing from weight_files -> CheckpointError "NAME missing from WHERE";
+    - each shape that differs -> CheckpointError "NAME in FILE has shape (a, b), expected
+      (c, d)"; tensors come from _st.SafetensorsFile(file).tensor(name), one open per file;
+    - tied embeddings (config.tie_word_embeddings): lm_head.weight is the embed_tokens
+      tensor itself (a checkpoint's own lm_head.weight is ignored, as transformers does).
+    Extra tensors in the files (e.g. rotary inv_freq buffers) are ignored.
+    """
+    # TODO stage 01: for each expected name: present? take it, check its shape; tie lm_head (about 17 lines)
+    raise NotImplementedError("TODO stage 01: for each expected name: present? take it, check its shape; tie lm_head (about 17 lines)")

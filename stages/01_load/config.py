@@ -1,0 +1,109 @@
+"""config.json -> ModelConfig: every size the engine allocates comes from here, never from a
+constant, so any Llama-family checkpoint in Hugging Face layout loads (Llama 3.x, SmolLM2,
+TinyLlama).
+
+Two spellings of rotary-embedding settings exist in the wild:
+
+    older (transformers < 5):  "rope_theta": 500000.0,
+                               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, ...}
+                               (or "type": "llama3"; or "rope_scaling": null)
+    newer (transformers >= 5): "rope_parameters": {"rope_theta": 500000.0,
+                                                   "rope_type": "llama3", "factor": 32.0, ...}
+                               ("rope_type": "default" means no scaling)
+
+Both become ModelConfig.rope_theta + ModelConfig.rope_scaling (None or a RopeScaling).
+Graded by stages/01_load/tests/test_config.py (`nox -s grade -- 01`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A config.json this engine cannot run: a missing key, another architecture, ..."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 frequency scaling of the rotary embedding (stage 05 uses it)."""
+    rope_type: str                           # "llama3", the only kind supported
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"                   # "bfloat16", "float16", "float32"
+
+
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "rms_norm_eps", "max_position_embeddings")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings")
+
+
+def parse_rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from either spelling (see the module docstring).
+
+    - "rope_parameters" present: theta is its "rope_theta"; the scaling kind is its
+      "rope_type" ("default" -> None); the llama3 numbers are in the same dict.
+    - otherwise: theta is the top-level "rope_theta" (10000.0 when absent, as in
+      transformers); "rope_scaling" is null/absent (-> None) or a dict whose kind is under
+      "rope_type" or, in older files, "type".
+    - kind "llama3" needs the four LLAMA3_KEYS; any other kind -> ConfigError.
+    Raise ConfigError(f"{where}: ...") so the message names the file.
+    """
+    # TODO stage 01: find the rope dict, read theta and the kind, build RopeScaling (about 24 lines)
+    raise NotImplementedError("TODO stage 01: find the rope dict, read theta and the kind, build RopeScaling (about 24 lines)")
+
+
+def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
+    """Validate a config.json dict and build a ModelConfig; `where` names it in errors.
+
+    - model_type must be "llama" (or absent); else ConfigError.
+    - every key in REQUIRED must be present; else ConfigError naming the key.
+    - num_key_value_heads defaults to num_attention_heads (pre-GQA configs lack it), and
+      num_attention_heads must be a multiple of it: each KV head serves a group of heads.
+    - head_dim defaults to hidden_size // num_attention_heads (absent or null).
+    - eos_token_id may be an int, a list (Llama 3 stops on several) or absent/null.
+    - the dtype is under "torch_dtype" (older) or "dtype" (newer); default "float32".
+    """
+    # TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 33 lines)
+    raise NotImplementedError("TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 33 lines)")
+
+
+def load_config(source: str | os.PathLike | dict) -> ModelConfig:
+    """A ModelConfig from a model directory, a config.json path, or an already-parsed dict."""
+    if isinstance(source, dict):
+        return parse_config(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file (expected a model directory or config.json)")
+    try:
+        raw = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return parse_config(raw, str(path))
