@@ -1,0 +1,203 @@
+"""Stage 07: causal prefill attention over packed sequences with grouped-query heads.
+
+Every case compares the kernel with two references computed from the same bf16 inputs:
+torch.nn.functional.scaled_dot_product_attention in float32, one sequence at a time (an
+oracle that shares no code with this course), and the native twin attention_native. The
+kernel reads bf16, computes in float32 and rounds once, so the bf16 tolerance applies.
+When the output is wrong, the test also tries the usual mistakes (KV head chosen by modulo,
+one causal mask over the whole batch, no mask, no scale) and names the one that matches.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grader import checks, parts
+
+# (n_heads, n_kv_heads, head_dim): SmolLM2-135M, Llama-3.2-1B, plain multi-head, GQA 3 at 128.
+HEADS = [(9, 3, 64), (32, 8, 64), (4, 4, 128), (6, 2, 128), (32, 8, 128)]
+TOKENS = [1, 7, 127, 129, 1000]
+PACKED = [[1, 7, 129], [129, 1, 7, 64, 300], [3, 0, 70, 1], [65, 64, 63, 200]]
+
+
+def attention_op():
+    return parts.load("07", "attention")
+
+
+def make_inputs(gen: torch.Generator, lens: list[int], n_heads: int, n_kv: int, d: int,
+                fused: bool = False, q_scale: float = 1.0):
+    """q, k, v for sequences of these lengths packed along T, and cu_seqlens (int32).
+
+    q_scale widens the queries (and so the scores). fused=True returns q, k, v as views of
+    one [T, (n_heads + 2 n_kv) * d] tensor, the way a fused QKV projection produces them:
+    row stride (n_heads + 2 n_kv) * d, not n_heads * d.
+    """
+    tokens = sum(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32,
+                      device="cuda")
+    if fused:
+        qkv = checks.randn((tokens, (n_heads + 2 * n_kv) * d), torch.bfloat16, "cuda", gen)
+        q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=1)
+        return q.view(tokens, n_heads, d), k.view(tokens, n_kv, d), v.view(tokens, n_kv, d), cu
+    q = checks.randn((tokens, n_heads, d), torch.bfloat16, "cuda", gen, scale=q_scale)
+    k = checks.randn((tokens, n_kv, d), torch.bfloat16, "cuda", gen)
+    v = checks.randn((tokens, n_kv, d), torch.bfloat16, "cuda", gen)
+    return q, k, v, cu
+
+
+def sdpa_oracle(q, k, v, bounds: list[int], scale: float, kv_of_head: list[int] | None = None,
+                causal: bool = True) -> torch.Tensor:
+    """F.scaled_dot_product_attention per sequence in float32 -> [T, n_heads, d] float32."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    if kv_of_head is None:
+        kv_of_head = [h // (n_heads // n_kv) for h in range(n_heads)]
+    index = torch.tensor(kv_of_head, device=q.device)
+    k, v = k.index_select(1, index), v.index_select(1, index)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for start, end in zip(bounds, bounds[1:]):
+        if end > start:
+            qs, ks, vs = (t[start:end].float().transpose(0, 1) for t in (q, k, v))
+            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+            out[start:end] = o.transpose(0, 1)
+    return out
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    atol, rtol = checks.TOLERANCES[torch.bfloat16]
+    g, e = got.float(), expected.float()
+    return bool(((g - e).abs() <= atol + rtol * e.abs()).all())
+
+
+def likely_cause(got, q, k, v, bounds: list[int], scale: float) -> str:
+    """Name the classic mistake whose output matches `got`, if one does."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    right = sdpa_oracle(q, k, v, bounds, scale)
+    mistakes = [
+        (dict(kv_of_head=[h % n_kv for h in range(n_heads)]),
+         "the KV head must be q_head // (n_heads // n_kv_heads): neighbouring query heads share "
+         "a KV head (this output matches q_head % n_kv_heads)"),
+        (dict(bounds=[0, bounds[-1]]),
+         "did you apply the causal mask per sequence, not per batch? A query sees only the keys of "
+         "its own sequence (cu_seqlens[b] .. its own position); this output matches one causal "
+         "mask over all packed tokens"),
+        (dict(causal=False),
+         "the causal mask is missing: query t may only see keys j <= t of its sequence"),
+        (dict(scale=1.0),
+         "the scores must be multiplied by `scale` (1/sqrt(head_dim)) before the softmax"),
+    ]
+    for change, hint in mistakes:
+        args = dict(bounds=bounds, scale=scale) | change
+        wrong = sdpa_oracle(q, k, v, args.pop("bounds"), args.pop("scale"), **args)
+        if not _close(wrong, right) and _close(got, wrong):
+            return hint
+    if got.isnan().any() and not got.isnan().all():
+        return ("NaN where the poison was overwritten: exp of an unmasked -inf - -inf, 0 * NaN "
+                "from unloaded (garbage) K/V rows past the sequence end, or 0/0 in the final "
+                "division?")
+    return ("compare with attention_native in attention.py: scores = scale * q.k, causal mask "
+            "within the sequence, softmax(s - rowmax), then P @ V")
+
+
+def run_and_check(q, k, v, cu, scale: float, what: str) -> torch.Tensor:
+    """Launch into a poisoned buffer; compare with SDPA and the twin; inputs untouched."""
+    before = [t.clone() for t in (q, k, v, cu)]
+    out = checks.poison(torch.empty(q.shape, dtype=q.dtype, device="cuda"))
+    got = attention_op().prefill_attention(q, k, v, cu, scale, out=out)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr(), "prefill_attention(..., out=buf) must return buf"
+    bounds = cu.tolist()
+    expected = sdpa_oracle(q, k, v, bounds, scale)
+    hint = "" if _close(got, expected) else likely_cause(got, q, k, v, bounds, scale)
+    checks.assert_close(got, expected, what=f"{what} vs scaled_dot_product_attention",
+                        dtype=torch.bfloat16, hint=hint)
+    twin = parts.reference("07", "attention").attention_native(q, k, v, cu, scale)
+    checks.assert_close(got, twin, what=f"{what} vs attention_native", hint=hint)
+    for name, old, new in zip(("q", "k", "v", "cu_seqlens"), before, (q, k, v, cu)):
+        checks.assert_unmodified(old, new, name)
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("n_heads,n_kv,d", HEADS, ids=lambda v: str(v))
+def test_one_sequence(seed, tokens, n_heads, n_kv, d):
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [tokens], n_heads, n_kv, d)
+    run_and_check(q, k, v, cu, d ** -0.5, f"T={tokens}, heads {n_heads}/{n_kv}, head_dim {d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (8, 2, 128)], ids=lambda v: str(v))
+def test_long_sequence(seed, n_heads, n_kv, d):
+    """A few thousand tokens: a row of scores is far longer than one tile of keys."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [2500], n_heads, n_kv, d)
+    run_and_check(q, k, v, cu, d ** -0.5, f"T=2500, heads {n_heads}/{n_kv}, head_dim {d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", PACKED, ids=lambda v: "+".join(map(str, v)))
+@pytest.mark.parametrize("n_heads,n_kv,d", [(9, 3, 64), (6, 2, 128)], ids=lambda v: str(v))
+def test_packed_sequences(seed, lens, n_heads, n_kv, d):
+    """Sequences of different lengths (one of length 1, one empty) packed along T."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), lens, n_heads, n_kv, d)
+    run_and_check(q, k, v, cu, d ** -0.5, f"sequences {lens}, heads {n_heads}/{n_kv}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv,d", [(9, 3, 64), (32, 8, 128)], ids=lambda v: str(v))
+def test_views_of_fused_qkv(seed, n_heads, n_kv, d):
+    """q, k, v sliced out of one fused QKV projection: rows are (H + 2 KV) * d elements apart."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [7, 129, 1], n_heads, n_kv, d,
+                              fused=True)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    run_and_check(q, k, v, cu, d ** -0.5, "views of a fused qkv tensor (use each row stride)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_scale", [8.0, 40.0])
+def test_large_scores_stay_finite(seed, q_scale):
+    """Scores in the hundreds: exp(s) overflows float32 unless the row max is subtracted."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [200, 1000], 8, 2, 64,
+                              q_scale=q_scale)
+    got = run_and_check(q, k, v, cu, 64 ** -0.5, f"queries scaled by {q_scale}")
+    checks.assert_finite(got, "attention output with large scores")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [16, 24, 32, 96])
+def test_other_head_dims(seed, d):
+    """The generic path: any head_dim that is a multiple of 8, up to 128 (tiny test models)."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [5, 130, 1], 6, 2, d)
+    run_and_check(q, k, v, cu, d ** -0.5, f"head_dim {d}")
+
+
+@pytest.mark.gpu
+def test_scale_is_a_parameter(seed):
+    """scale is the caller's (models may set it); 1/sqrt(head_dim) must not be hard-coded."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [100, 37], 4, 4, 64)
+    run_and_check(q, k, v, cu, 0.31, "scale 0.31")
+
+
+@pytest.mark.gpu
+def test_rejects_bad_input(seed):
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [3, 5], 4, 2, 64)
+    run_and_check(q, k, v, cu, 0.125, "a valid call")
+    kernel = parts.kernels().prefill_attention
+    out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
+    q136 = torch.zeros((8, 2, 136), dtype=q.dtype, device="cuda")
+    bad = {
+        "head_dim": (q136, q136, q136, cu, 0.1, q136.clone()),
+        "cu_seqlens must end": (q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda"),
+                                0.1, out),
+        "must not decrease": (q, k, v, torch.tensor([0, 5, 3, 8], dtype=torch.int32,
+                                                    device="cuda"), 0.1, out),
+        "multiple of n_kv_heads": (q, k[:, :1].expand(8, 3, 64).contiguous(),
+                                   v[:, :1].expand(8, 3, 64).contiguous(), cu, 0.1, out),
+        "bfloat16": (q.float(), k, v, cu, 0.1, out),
+        "cu_seqlens": (q, k, v, cu.long(), 0.1, out),
+    }
+    for needle, args in bad.items():
+        with pytest.raises(RuntimeError) as info:
+            kernel(*args)
+        assert needle in str(info.value), (
+            f"bad input should be refused with a message about {needle!r}, got: {info.value}")
