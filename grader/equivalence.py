@@ -11,8 +11,8 @@ Three measures, each with a message that says where things went apart:
   after each layer), captured with forward hooks.
 - `assert_greedy_agrees`: greedy tokens must be equal, except where the two implementations
   may legitimately pick differently: at a NEAR-TIE, where transformers' own logits put our
-  token within `tie_tol` of its choice. After such a step the two continuations differ, so
-  the comparison stops there; any other divergence fails.
+  token within `tie_tolerance` of its choice. After such a step the two continuations
+  differ, so the comparison stops there; any other divergence fails.
 """
 from __future__ import annotations
 
@@ -92,14 +92,23 @@ def hf_greedy(model, prompt_ids, max_new_tokens: int,
     return new, [step[0].float() for step in out.logits]
 
 
+def tie_tolerance(logits: torch.Tensor, rel_tol: float) -> float:
+    """How far apart two logits may be and still swap places under a relative error rel_tol.
+
+    ||ours - theirs|| <= rel_tol * ||theirs|| allows a per-logit error of rel_tol * rms(logits)
+    typically; the difference of two logits moves by up to about 4 times that.
+    """
+    return 4.0 * rel_tol * float(logits.double().pow(2).mean().sqrt())
+
+
 def assert_greedy_agrees(ours: list[int], theirs: list[int], their_logits: list[torch.Tensor],
-                         tie_tol: float, what: str = "greedy tokens") -> str:
+                         rel_tol: float, what: str = "greedy tokens") -> str:
     """Fail unless `ours` equals transformers' tokens `theirs` up to a proven near-tie.
 
     their_logits[i] are transformers' logits at step i. A divergence at step i is a near-tie
-    when their_logits[i][theirs[i]] - their_logits[i][ours[i]] <= tie_tol: by transformers'
-    own numbers our token was as good as its choice, within rounding. Returns a one-line
-    report of what was compared.
+    when their_logits[i][theirs[i]] - their_logits[i][ours[i]] <= tie_tolerance(their_logits[i],
+    rel_tol): by transformers' own numbers our token was as good as its choice, within the
+    error rel_tol allows. Returns a one-line report of what was compared.
     """
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a == b:
@@ -107,10 +116,11 @@ def assert_greedy_agrees(ours: list[int], theirs: list[int], their_logits: list[
         logits = their_logits[i]
         gap = float(logits[b] - logits[a])
         top2 = logits.topk(2).values
+        tol = tie_tolerance(logits, rel_tol)
         head = (f"{what}: first difference at step {i}: transformers picked {b}, we picked "
                 f"{a}; by transformers' logits {b} leads {a} by {gap:.4g} (its top-2 gap is "
-                f"{float(top2[0] - top2[1]):.4g}), tolerance {tie_tol:.4g}")
-        if gap <= tie_tol:
+                f"{float(top2[0] - top2[1]):.4g}), tie tolerance {tol:.4g}")
+        if gap <= tol:
             return f"{head}: a near-tie, so the continuations may differ; {i} steps equal"
         raise AssertionError(
             f"{head}: NOT a near-tie.\n  ours:   {ours}\n  theirs: {theirs}\n"

@@ -1,0 +1,241 @@
+"""Stage 08: the whole Llama forward pass, assembled from the ops of stages 03-08.
+
+    ids -> embedding -> [ decoder layer ] x L -> final RMSNorm -> lm_head -> logits
+                         |
+                         |  x = RMSNorm(h)              (residual stream h kept aside)
+                         |  h = h + Attention(x)        (qkv proj, RoPE, causal GQA, o proj)
+                         |  x = RMSNorm(h)
+                         |  h = h + MLP(x)              (gate_up proj, silu * up, down proj)
+
+Every piece of math is a call to an op of an earlier stage, loaded through the parts
+resolver, so grading stage NN runs the student's kernel of stage NN inside this forward:
+
+    embedding (03), rmsnorm / fused_add_rmsnorm (04), cos_sin_cache / apply_rope_ (05),
+    linear (06), prefill_attention (07), silu_mul / argmax (08).
+
+Several sequences can run in one call, packed one after another into the token dimension
+(the layout vLLM calls "varlen"): `cu_seqlens` holds the offsets, [0, len0, len0+len1, ...],
+and attention keeps each sequence to itself. Everything else works token by token.
+
+There is no KV cache yet: `generate_greedy` recomputes the whole sequence for every new
+token (stage 09 fixes that).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grader import parts
+
+embedding = parts.load("03", "embedding").embedding
+_rmsnorm = parts.load("04", "rmsnorm")
+rmsnorm, fused_add_rmsnorm = _rmsnorm.rmsnorm, _rmsnorm.fused_add_rmsnorm
+cos_sin_cache = parts.load("05", "rope_tables").cos_sin_cache
+apply_rope_ = parts.load("05", "rope").apply_rope_
+linear = parts.load("06", "linear").linear
+prefill_attention = parts.load("07", "attention").prefill_attention
+silu_mul = parts.load("08", "activation").silu_mul
+argmax = parts.load("08", "argmax").argmax
+
+# The rope table holds one row per position; Llama 3.x claims 131072 positions (32 MiB of
+# float32 at head_dim 64), some configs claim millions. Beyond this the table is not built.
+MAX_POSITIONS_CAP = 131072
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's weights, cast to the model's dtype and device."""
+    input_norm: torch.Tensor   # [H]
+    qkv: torch.Tensor          # [(nh + 2 * nkv) * d, H]: q_proj, k_proj, v_proj rows stacked
+    o: torch.Tensor            # [H, nh * d]
+    post_norm: torch.Tensor    # [H]
+    gate_up: torch.Tensor      # [2 * I, H]: gate_proj rows, then up_proj rows
+    down: torch.Tensor         # [H, I]
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on a GPU (what the kernels take), float32 on a CPU (exact comparisons with HF)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+class LlamaModel:
+    """A Llama-family decoder (Llama 3.x, SmolLM2, TinyLlama) built from the stage ops.
+
+    config: the ModelConfig of stage 01 (load_config); weights: tensors by their Hugging Face
+    names (load_weights of stage 01, or a transformers model's state_dict()); device and
+    dtype: where and in what the weights live and the forward runs (default: bf16 on CUDA,
+    float32 on CPU). max_positions: the longest sequence the rope table covers (default:
+    the config's max_position_embeddings, capped at MAX_POSITIONS_CAP).
+    """
+
+    def __init__(self, config, weights: dict[str, torch.Tensor],
+                 device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                 max_positions: int | None = None):
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        if self.device.type == "cuda" and self.dtype != torch.bfloat16:
+            raise ValueError(f"on CUDA the model runs in bfloat16 (the kernels' dtype), not "
+                             f"{self.dtype}")
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+        self.max_positions = min(max_positions or config.max_position_embeddings,
+                                 config.max_position_embeddings, MAX_POSITIONS_CAP)
+
+        V, H = config.vocab_size, config.hidden_size
+        self.embed_tokens = self._weight(weights, "model.embed_tokens.weight", (V, H))
+        self.layers = [self._layer(weights, i) for i in range(config.num_hidden_layers)]
+        self.final_norm = self._weight(weights, "model.norm.weight", (H,))
+        if config.tie_word_embeddings:
+            # Tied: one matrix reads tokens in and scores them out; keep one copy of it.
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = self._weight(weights, "lm_head.weight", (V, H))
+        self.cos_sin = cos_sin_cache(config.head_dim, config.rope_theta, config.rope_scaling,
+                                     self.max_positions, self.device)   # [P, d] float32
+
+    def _weight(self, weights: dict[str, torch.Tensor], name: str,
+                shape: tuple[int, ...]) -> torch.Tensor:
+        """The checkpoint tensor `name`, checked against `shape`, cast to dtype on device."""
+        if name not in weights:
+            raise ValueError(f"the checkpoint has no tensor {name!r} (expected shape {shape})")
+        w = weights[name]
+        if tuple(w.shape) != shape:
+            raise ValueError(f"tensor {name!r} has shape {tuple(w.shape)}, but config.json "
+                             f"implies {shape}")
+        return w.detach().to(device=self.device, dtype=self.dtype).contiguous()
+
+    def _layer(self, weights: dict[str, torch.Tensor], i: int) -> LayerWeights:
+        c = self.config
+        H, I, d = c.hidden_size, c.intermediate_size, c.head_dim
+        nh, nkv = c.num_attention_heads, c.num_key_value_heads
+        p = f"model.layers.{i}."
+        def w(name, shape):
+            return self._weight(weights, p + name, shape)
+        q = w("self_attn.q_proj.weight", (nh * d, H))
+        k = w("self_attn.k_proj.weight", (nkv * d, H))
+        v = w("self_attn.v_proj.weight", (nkv * d, H))
+        gate = w("mlp.gate_proj.weight", (I, H))
+        up = w("mlp.up_proj.weight", (I, H))
+        # Fused once, here, so every forward runs one GEMM where it would run three (q, k,
+        # v) or two (gate, up): x is read once and each GEMM is big enough to fill the GPU.
+        # BEGIN SOLUTION: torch.cat q, k, v rows into qkv and gate, up rows into gate_up
+        qkv = torch.cat([q, k, v], dim=0)
+        gate_up = torch.cat([gate, up], dim=0)
+        # END SOLUTION
+        return LayerWeights(
+            input_norm=w("input_layernorm.weight", (H,)),
+            qkv=qkv,
+            o=w("self_attn.o_proj.weight", (H, nh * d)),
+            post_norm=w("post_attention_layernorm.weight", (H,)),
+            gate_up=gate_up,
+            down=w("mlp.down_proj.weight", (H, I)),
+        )
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
+                return_hidden: bool = False):
+        """Logits of each sequence's last token.
+
+        ids: [T] int64 token ids of B sequences packed back to back; positions: [T] int64,
+        each token's position in its own sequence (0, 1, ... per sequence); cu_seqlens:
+        [B + 1] int32, sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1].
+        Returns logits [B, vocab] float32, and with return_hidden=True also the residual
+        stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
+        """
+        ids = ids.to(self.device)
+        positions = positions.to(self.device)
+        cu_seqlens = cu_seqlens.to(self.device)
+        eps = self.config.rms_norm_eps
+        hidden = []
+        h = embedding(ids, self.embed_tokens)                       # [T, H]
+        residual = None
+        for layer in self.layers:
+            if residual is None:    # layer 0: the residual stream starts as the embeddings
+                residual = h
+                x = rmsnorm(h, layer.input_norm, eps)
+            else:                   # add the last MLP's output to the stream, and normalize
+                x, residual = fused_add_rmsnorm(h, residual, layer.input_norm, eps)
+                if return_hidden:
+                    hidden.append(residual.clone())
+            h = self.attention_block(layer, x, positions, cu_seqlens)
+            x, residual = fused_add_rmsnorm(h, residual, layer.post_norm, eps)
+            h = self.mlp_block(layer, x)
+        logits, residual = self.final_logits(h, residual, cu_seqlens)
+        if return_hidden:
+            hidden.append(residual.clone())
+            return logits, hidden
+        return logits
+
+    __call__ = forward
+
+    def attention_block(self, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
+                        cu_seqlens: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] (normalized) -> the attention's output projection [T, H]."""
+        c = self.config
+        T, d = x.shape[0], self.head_dim
+        nh, nkv = c.num_attention_heads, c.num_key_value_heads
+        # BEGIN SOLUTION: qkv linear; q, k, v views; apply_rope_; prefill_attention; o linear
+        qkv = linear(x, layer.qkv)                                  # [T, (nh + 2 nkv) d]
+        q = qkv[:, : nh * d].view(T, nh, d)
+        k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
+        v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
+        apply_rope_(q, k, positions, self.cos_sin)
+        attn = prefill_attention(q, k, v, cu_seqlens, self.scale)  # [T, nh, d]
+        return linear(attn.view(T, nh * d), layer.o)                # [T, H]
+        # END SOLUTION
+
+    def mlp_block(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] (normalized) -> down_proj(silu(gate_proj(x)) * up_proj(x)) [T, H]."""
+        # BEGIN SOLUTION: one linear with gate_up, silu_mul, one linear with down
+        gate_up = linear(x, layer.gate_up)                          # [T, 2 I]
+        return linear(silu_mul(gate_up), layer.down)                # [T, I] -> [T, H]
+        # END SOLUTION
+
+    def final_logits(self, h: torch.Tensor, residual: torch.Tensor, cu_seqlens: torch.Tensor):
+        """The last layer's MLP output h and the stream -> (logits [B, V] float32, stream).
+
+        Only each sequence's last token predicts the next one, so only those B rows go
+        through lm_head: a [B, H] x [H, V] product instead of [T, H] x [H, V].
+        """
+        eps = self.config.rms_norm_eps
+        # BEGIN SOLUTION: final fused_add_rmsnorm; rows cu_seqlens[1:] - 1; lm_head; float
+        x, residual = fused_add_rmsnorm(h, residual, self.final_norm, eps)
+        last = cu_seqlens[1:].long() - 1                            # [B]
+        logits = linear(x.index_select(0, last), self.lm_head)     # [B, V]
+        return logits.float(), residual
+        # END SOLUTION
+
+
+def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int,
+                    eos_ids=()) -> list[int]:
+    """Greedy decoding without a KV cache: up to max_new_tokens new token ids.
+
+    Each step runs the whole sequence so far through the model and appends the argmax of
+    the last token's logits; it stops after emitting a token in eos_ids (which is returned,
+    as transformers' generate returns it). Step n costs a forward over prompt + n tokens,
+    so n steps cost O(n^2) token-forwards (and attention O(n^3)): stage 09's KV cache
+    makes each step one token.
+    """
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: greedy decoding needs at least one token")
+    if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
+        raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
+                         f"the model's {model.max_positions} positions")
+    eos = set(eos_ids)
+    # BEGIN SOLUTION: forward all tokens so far, argmax, append; stop after an eos
+    ids = list(prompt_ids)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        T = len(ids)
+        logits = model.forward(torch.tensor(ids, dtype=torch.int64, device=model.device),
+                               torch.arange(T, dtype=torch.int64, device=model.device),
+                               torch.tensor([0, T], dtype=torch.int32, device=model.device))
+        token = int(argmax(logits)[0])
+        out.append(token)
+        if token in eos:
+            break
+        ids.append(token)
+    return out
+    # END SOLUTION

