@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "tvllm.h"
+#include "vec.cuh"
 
 // One output element from its gate and up values (both bf16).
 __device__ __forceinline__ __nv_bfloat16 silu_mul_one(__nv_bfloat16 gate, __nv_bfloat16 up) {
@@ -31,12 +32,6 @@ __device__ __forceinline__ __nv_bfloat16 silu_mul_one(__nv_bfloat16 gate, __nv_b
   return __float2bfloat16(act * __bfloat162float(up));
   // END SOLUTION
 }
-
-// kVec consecutive bf16, aligned so that one pack is one load (16 bytes when kVec == 8).
-template <int kVec>
-struct alignas(sizeof(__nv_bfloat16) * kVec) Pack {
-  __nv_bfloat16 v[kVec];
-};
 
 // x: [rows, 2 * inter], out: [rows, inter], both contiguous; inter % kVec == 0.
 // Thread i owns outputs [i * kVec, (i + 1) * kVec) of the flattened out.
@@ -50,12 +45,12 @@ __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ x,
   const int64_t row = i / packs_per_row;
   const int64_t col = (i % packs_per_row) * kVec;
   const __nv_bfloat16* gate = x + row * 2 * inter + col;
-  const Pack<kVec> g = *reinterpret_cast<const Pack<kVec>*>(gate);
-  const Pack<kVec> u = *reinterpret_cast<const Pack<kVec>*>(gate + inter);
-  Pack<kVec> r;
+  const Pack<__nv_bfloat16, kVec> g = *reinterpret_cast<const Pack<__nv_bfloat16, kVec>*>(gate);
+  const Pack<__nv_bfloat16, kVec> u = *reinterpret_cast<const Pack<__nv_bfloat16, kVec>*>(gate + inter);
+  Pack<__nv_bfloat16, kVec> r;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) r.v[j] = silu_mul_one(g.v[j], u.v[j]);
-  *reinterpret_cast<Pack<kVec>*>(out + row * inter + col) = r;
+  *reinterpret_cast<Pack<__nv_bfloat16, kVec>*>(out + row * inter + col) = r;
   // END SOLUTION
 }
 

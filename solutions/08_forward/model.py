@@ -144,6 +144,9 @@ class LlamaModel:
         Returns logits [B, vocab] float32, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
         """
+        if positions.numel() and int(positions.max()) >= self.cos_sin.shape[0]:
+            raise IndexError(f"position {int(positions.max())} is past the rope table "
+                             f"({self.cos_sin.shape[0]} positions)")
         ids = ids.to(self.device)
         positions = positions.to(self.device)
         cu_seqlens = cu_seqlens.to(self.device)
@@ -181,7 +184,7 @@ class LlamaModel:
         q = qkv[:, : nh * d].view(T, nh, d)
         k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
-        apply_rope_(q, k, positions, self.cos_sin)
+        apply_rope_(q, k, positions, self.cos_sin, check=False)  # forward() checked positions
         attn = prefill_attention(q, k, v, cu_seqlens, self.scale)  # [T, nh, d]
         return linear(attn.view(T, nh * d), layer.o)                # [T, H]
         # END SOLUTION

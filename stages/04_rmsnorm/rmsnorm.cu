@@ -19,26 +19,9 @@
 #include <cstdint>
 
 #include "tvllm.h"
+#include "vec.cuh"
 
 namespace {
-
-// N consecutive elements moved by one load or store (16 bytes when N * sizeof(T) == 16).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // The sum of v over the 32 lanes of a warp, returned to every lane.
 __device__ __forceinline__ float warp_sum(float v) {

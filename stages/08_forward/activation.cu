@@ -22,18 +22,13 @@
 #include <cstdint>
 
 #include "tvllm.h"
+#include "vec.cuh"
 
 // One output element from its gate and up values (both bf16).
 __device__ __forceinline__ __nv_bfloat16 silu_mul_one(__nv_bfloat16 gate, __nv_bfloat16 up) {
   // TODO stage 08: silu(gate) in float32, rounded to bf16 as HF; times up; rounded (about 3 lines)
   return gate;
 }
-
-// kVec consecutive bf16, aligned so that one pack is one load (16 bytes when kVec == 8).
-template <int kVec>
-struct alignas(sizeof(__nv_bfloat16) * kVec) Pack {
-  __nv_bfloat16 v[kVec];
-};
 
 // x: [rows, 2 * inter], out: [rows, inter], both contiguous; inter % kVec == 0.
 // Thread i owns outputs [i * kVec, (i + 1) * kVec) of the flattened out.

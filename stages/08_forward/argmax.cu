@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "tvllm.h"
+#include "vec.cuh"
 
 struct ArgBest {
   float value;
@@ -42,15 +43,6 @@ __device__ __forceinline__ ArgBest warp_argmax(ArgBest best) {
   // TODO stage 08: 5 butterfly steps of __shfl_xor_sync on value and index (about 7 lines)
   return best;
 }
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// kVec consecutive elements, aligned so that one pack is one load (16 bytes when full).
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
 
 constexpr int kThreads = 1024;  // a multiple of 32: every warp is full for the shuffles
 constexpr int kWarps = kThreads / 32;

@@ -142,6 +142,9 @@ class LlamaModel:
         Returns logits [B, vocab] float32, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
         """
+        if positions.numel() and int(positions.max()) >= self.cos_sin.shape[0]:
+            raise IndexError(f"position {int(positions.max())} is past the rope table "
+                             f"({self.cos_sin.shape[0]} positions)")
         ids = ids.to(self.device)
         positions = positions.to(self.device)
         cu_seqlens = cu_seqlens.to(self.device)
