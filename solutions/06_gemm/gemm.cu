@@ -26,9 +26,9 @@
 namespace {
 
 // The row-major product as one column-major cublasGemmEx call (see the top of this file).
-tvllm_status gemm_row_major(cublasHandle_t handle, cudaDataType_t dtype, const void* x,
-                            const void* weight, void* y, int tokens, int in_features,
-                            int out_features) {
+tvllm_status gemm_row_major(cublasHandle_t handle, cudaDataType_t dtype, cudaDataType_t y_dtype,
+                            const void* x, const void* weight, void* y, int tokens,
+                            int in_features, int out_features) {
   // BEGIN SOLUTION: y^T = op(A) B with A = weight (transposed), B = x; m, n, k and the three leading dimensions | return "{todo}";
   const float alpha = 1.0f, beta = 0.0f;  // float: the compute type's scalar type
   cublasStatus_t status = cublasGemmEx(
@@ -38,7 +38,7 @@ tvllm_status gemm_row_major(cublasHandle_t handle, cudaDataType_t dtype, const v
       weight, dtype, in_features,
       x, dtype, in_features,
       &beta,
-      y, dtype, out_features,
+      y, y_dtype, out_features,
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   return status == CUBLAS_STATUS_SUCCESS ? TVLLM_OK : cublasGetStatusString(status);
   // END SOLUTION
@@ -46,12 +46,13 @@ tvllm_status gemm_row_major(cublasHandle_t handle, cudaDataType_t dtype, const v
 
 }  // namespace
 
-// x: [tokens, in], weight: [out, in], y: [tokens, out], all contiguous, all of `dtype`
-// (CUDA_R_16BF, CUDA_R_16F or CUDA_R_32F). `handle` must be bound to `stream`; torch's
-// at::cuda::getCurrentCUDABlasHandle() is bound to the current stream.
+// x: [tokens, in] and weight: [out, in] of `dtype` (CUDA_R_16BF, CUDA_R_16F or CUDA_R_32F),
+// y: [tokens, out] of `y_dtype` (dtype, or CUDA_R_32F: logits keep the float32 accumulator
+// instead of rounding it to bf16), all contiguous. `handle` must be bound to `stream`;
+// torch's at::cuda::getCurrentCUDABlasHandle() is bound to the current stream.
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
-                           const void* x, const void* weight, void* y, int64_t tokens,
-                           int64_t in_features, int64_t out_features) {
+                           cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
+                           int64_t tokens, int64_t in_features, int64_t out_features) {
   if (tokens == 0 || out_features == 0) return TVLLM_OK;
   if (in_features <= 0) return "in_features must be positive";
   if (tokens > INT_MAX || in_features > INT_MAX || out_features > INT_MAX)
@@ -67,7 +68,7 @@ tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataT
     return "cublasGetMathMode failed";
   cublasSetMathMode(handle, static_cast<cublasMath_t>(
                                 CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-  tvllm_status status = gemm_row_major(handle, dtype, x, weight, y, static_cast<int>(tokens),
+  tvllm_status status = gemm_row_major(handle, dtype, y_dtype, x, weight, y, static_cast<int>(tokens),
                                        static_cast<int>(in_features), static_cast<int>(out_features));
   cublasSetMathMode(handle, saved);
   return status;

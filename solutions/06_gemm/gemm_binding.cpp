@@ -4,8 +4,8 @@
 #include "binding.h"
 
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
-                           const void* x, const void* weight, void* y, int64_t tokens,
-                           int64_t in_features, int64_t out_features);
+                           cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
+                           int64_t tokens, int64_t in_features, int64_t out_features);
 
 namespace {
 
@@ -21,7 +21,9 @@ void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   const cudaDataType_t dtype = cuda_dtype(x.scalar_type());
   tvllm::check_tensor(x, "x", x.scalar_type(), 2);
   tvllm::check_tensor(weight, "weight", x.scalar_type(), 2);
-  tvllm::check_tensor(out, "out", x.scalar_type(), 2);
+  // out is x's dtype, or float32 (for logits: no rounding of the float32 accumulator)
+  const at::ScalarType out_type = out.scalar_type() == at::kFloat ? at::kFloat : x.scalar_type();
+  tvllm::check_tensor(out, "out", out_type, 2);
   tvllm::check_same_device(x, weight);
   tvllm::check_same_device(x, out);
   TORCH_CHECK(weight.size(1) == x.size(1), "linear: x has ", x.size(1),
@@ -31,7 +33,7 @@ void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
   c10::cuda::CUDAGuard guard(x.device());
   // torch binds its handle to the current stream (and its workspace) when handing it out.
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
-  tvllm::check_launch(launch_linear(handle, tvllm::stream(), dtype, x.data_ptr(),
+  tvllm::check_launch(launch_linear(handle, tvllm::stream(), dtype, cuda_dtype(out_type), x.data_ptr(),
                                     weight.data_ptr(), out.data_ptr(), x.size(0), x.size(1),
                                     weight.size(0)),
                       "linear");

@@ -86,6 +86,24 @@ def test_other_dtypes(seed, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_features,out_features,tokens", [(576, 49152, 3), (2048, 4099, 5)],
+                         ids=lambda v: str(v))
+def test_float32_output_keeps_the_accumulator(seed, in_features, out_features, tokens):
+    """Logits: bf16 x and weight, float32 y (out_dtype=torch.float32), not rounded to bf16."""
+    gen = checks.generator("cuda", seed)
+    x, w = make_inputs(gen, tokens, in_features, out_features)
+    got = linear_op().linear(x, w, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    assert got.dtype == torch.float32, f"out_dtype=torch.float32 must give float32, got {got.dtype}"
+    oracle = F.linear(x.float(), w.float())
+    # float32 accumulation of O(1) terms: far inside a bf16 step (2^-8 relative).
+    checks.assert_close(got, oracle, what="linear with float32 output vs F.linear in float32",
+                        dtype=torch.float32, atol=1e-4, rtol=1e-4,
+                        hint="pass the output's own cudaDataType (CUDA_R_32F) as C's type, "
+                             "not x's: the launcher's y_dtype")
+
+
+@pytest.mark.gpu
 def test_fused_projection_equals_separate_ones(seed):
     """One GEMM with weights concatenated along `out` = the separate GEMMs side by side."""
     gen = checks.generator("cuda", seed)
