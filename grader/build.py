@@ -11,6 +11,7 @@ torch-facing bindings (*_binding.cpp) change rarely and are compiled once per ma
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -71,6 +72,8 @@ def _torch_paths() -> tuple[list[Path], list[Path]]:
         raise BuildError(f"torch {torch.__version__} is a CPU-only build; building kernels needs "
                          "a CUDA build of torch (pip install torch==2.14.1)")
     os.environ.setdefault("CUDA_HOME", str(cuda_home()))
+    # Without a GPU it warns "No CUDA runtime is found" on import: expected here, not news.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
     includes = [Path(p) for p in cpp_extension.include_paths(device_type="cuda")]
     libs = [Path(p) for p in cpp_extension.library_paths(device_type="cuda")]

@@ -31,7 +31,10 @@ def first_line(text: str, width: int = 90) -> str:
 
 def render(result: StageResult, details: int = 12) -> str:
     stage = result.stage
-    out = [f"Stage {stage.id} -- {stage.title}", f"  using: {result.selection}", ""]
+    out = [f"Stage {stage.id} -- {stage.title}", f"  using: {result.selection}"]
+    if result.build:
+        out.append("  kernels: " + result.build.replace("\n", "\n    "))
+    out.append("")
     width = max([len(short_name(t.name)) for t in result.tests] + [20])
     for t in result.tests:
         note = ""
@@ -61,6 +64,7 @@ def as_dict(result: StageResult) -> dict:
         "stage": result.stage.id, "dir": result.stage.dir, "title": result.stage.title,
         "selection": result.selection, "score": result.score, "max_score": result.stage.points,
         "full_marks": result.full_marks, "counts": result.counts(), "errors": result.errors,
+        "build": result.build,
         "tests": [{"name": t.name, "outcome": t.outcome, "points": t.points,
                    "seconds": t.seconds, "message": t.message} for t in result.tests],
     }

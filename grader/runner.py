@@ -39,6 +39,7 @@ class StageResult:
     selection: str
     tests: list[TestResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    build: str = ""       # the kernel build under this selection: "ok ...", "FAILED ..." or why not
 
     @property
     def weight(self) -> float:
@@ -84,9 +85,35 @@ def run_stage(stage: manifest.Stage, student_ids: list[str], student_root: Path 
               extra_tests: Path | None = None, test_timeout: float = DEFAULT_TEST_TIMEOUT,
               verbose: bool = False) -> StageResult:
     result = StageResult(stage, selection_label(student_ids, student_root))
+    result.build = build_kernels(stage, student_ids, student_root)
     result.tests, result.errors = run_tests(test_paths(stage, extra_tests), student_ids,
                                             student_root, test_timeout, verbose)
     return result
+
+
+def build_kernels(stage: manifest.Stage, student_ids: list[str],
+                  student_root: Path | None) -> str:
+    """Compile the kernels as the tests will see them, so a compile error is shown even on a
+    machine without a GPU, where the kernel tests themselves are not graded."""
+    if not any(p.endswith(".cu") for p in stage.parts):
+        return ""
+    from grader import build
+    saved = {k: os.environ.get(k) for k in (parts.STUDENT_ENV, parts.STUDENT_ROOT_ENV)}
+    os.environ.update(parts.selection_env(student_ids, student_root))
+    try:
+        start = time.time()
+        build.build(parts.kernel_sources())
+        return f"ok ({time.time() - start:.1f} s)"
+    except build.BuildError as e:
+        return f"FAILED\n{e}"
+    except ImportError as e:
+        return f"not built ({e})"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_tests(paths: list[Path], student_ids: list[str], student_root: Path | None = None,

@@ -185,3 +185,18 @@ def test_grade_cli_skeleton_scores_zero_and_json(tmp_path):
     assert "Score: 0/100" in proc.stdout and "TODO stage 02" in proc.stdout
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["score"] == 0 and set(data["counts"]) == {"todo"}
+
+
+def test_compile_error_is_shown_with_file_and_line(tmp_path):
+    """A student's kernel that does not compile: the compiler's error lines, not its whole log."""
+    stage = manifest.find("04")
+    broken = tmp_path / stage.dir / "rmsnorm.cu"
+    broken.parent.mkdir()
+    source = (stage.solution_dir() / "rmsnorm.cu").read_text()
+    broken.write_text(source.replace("#include \"vec.cuh\"", "#include \"vec.cuh\"\nint oops = ;", 1))
+    result = runner.run_stage(stage, [stage.id], tmp_path)
+    assert result.build.startswith("FAILED"), result.build
+    line = 1 + source.splitlines().index('#include "vec.cuh"') + 1
+    assert f"{broken}({line}): error" in result.build
+    assert len(result.build.splitlines()) < 30
+    assert result.score == 0 and not result.full_marks
