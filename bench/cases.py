@@ -1,0 +1,335 @@
+"""The benchmark cases: each op of stages 03-08 at Llama-3.2-1B sizes beside its torch twin."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench.timing import DEVICE
+
+# Llama-3.2-1B
+HIDDEN = 2048
+INTER = 8192
+N_HEADS = 32
+N_KV_HEADS = 8
+HEAD_DIM = 64
+VOCAB = 128256
+EPS = 1e-5
+ROPE_POSITIONS = 8192
+TOKENS = (1, 64, 4096)
+ATTENTION_SHAPES = ((1, 4096), (8, 512))     # (sequences, tokens each)
+
+Outputs = tuple[torch.Tensor, ...]
+
+@dataclass
+class Case:
+    """One benchmark row: an op at one size, ours beside torch, on the same input sets."""
+    kernel: str
+    tokens: str
+    bytes: int                                     # that must move: inputs once, outputs once
+    make_set: Callable[[torch.Generator], dict]    # one fresh set of inputs
+    torch_fn: Callable[[dict], Any]
+    ours_fn: Callable[[dict], Any] | None = None
+    reference: Callable[[dict], Any] | None = None  # oracle for the check (default torch_fn)
+    compare: str = "close"                          # "close", "equal" or "argmax"
+    flops: int = 0
+    outs: list[torch.Tensor] = field(default_factory=list)   # ours' out= buffers (poisoned)
+    skip: str | None = None                          # why ours does not run
+    via: str = ""                                    # what "ours" calls
+
+
+def _gen_randn(shape, g: torch.Generator, scale: float = 1.0,
+               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    from grader import checks
+    return checks.randn(shape, dtype, device=DEVICE, gen=g, scale=scale)
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Ops:
+    """The ops under test, loaded through the parts resolver; a missing one is a reason."""
+
+    def __init__(self):
+        self.kernels = None
+        self.build_error: str | None = None
+        try:
+            from grader import parts
+            self.kernels = parts.kernels()
+        except Exception as e:  # a failed build becomes every row's reason
+            self.build_error = f"kernels did not build: {str(e).splitlines()[0][:200]}"
+
+    def get(self, stage: str, module: str, name: str) -> tuple[Callable | None, str | None]:
+        if self.build_error:
+            return None, f"error: {self.build_error}"
+        from grader import parts
+        try:
+            mod = parts.load(stage, module)
+        except FileNotFoundError:
+            return None, f"skipped: op not available ({stage}/{module}.py missing)"
+        except Exception as e:  # a broken module is its rows' error
+            return None, f"error: importing {stage}/{module}.py: {type(e).__name__}: {e}"
+        fn = getattr(mod, name, None)
+        if fn is None:
+            return None, f"skipped: op not available ({stage}/{module}.py has no {name})"
+        return fn, None
+
+    def raw(self, name: str) -> Callable | None:
+        """torch.ops.tinyvllm.<name>, or None when the library has no such op."""
+        if self.kernels is None:
+            return None
+        try:
+            return getattr(self.kernels, name)
+        except (AttributeError, RuntimeError):
+            return None
+
+
+def embedding_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("03", "embedding", "embedding")
+    raw = ops.raw("embedding")
+    for T in TOKENS:
+        def make_set(g, T=T):
+            ids = torch.randint(0, VOCAB, (T,), generator=g, device=DEVICE, dtype=torch.int64)
+            return {"ids": ids, "table": _gen_randn((VOCAB, HIDDEN), g)}
+        out = torch.empty(T, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+        flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        ours, via = None, ""
+        if raw is not None:
+            def ours(s, out=out, flag=flag):
+                raw(s["ids"], s["table"], out, flag)
+                return out
+            via = "torch.ops.tinyvllm.embedding (preallocated error flag)"
+        elif fn is not None:
+            kw = {"check": False} if _accepts(fn, "check") else {}
+            ours = (lambda s, out=out, kw=kw: fn(s["ids"], s["table"], out=out, **kw))
+            via = "03/embedding.py embedding"
+        yield Case("embedding", str(T), T * 8 + 2 * T * HIDDEN * 2, make_set,
+                   torch_fn=lambda s: F.embedding(s["ids"], s["table"]),
+                   ours_fn=ours, compare="equal", outs=[out], via=via,
+                   skip=None if ours else why)
+
+
+def _hf_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' LlamaRMSNorm, verbatim in substance
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def rmsnorm_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("04", "rmsnorm", "rmsnorm")
+    for T in TOKENS:
+        def make_set(g, T=T):
+            return {"x": _gen_randn((T, HIDDEN), g), "w": _gen_randn((HIDDEN,), g)}
+        out = torch.empty(T, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+        ours = None
+        if fn is not None:
+            if _accepts(fn, "out"):
+                ours = (lambda s, out=out: fn(s["x"], s["w"], EPS, out=out))
+            else:
+                ours = (lambda s: fn(s["x"], s["w"], EPS))
+        yield Case("rmsnorm", str(T), 2 * T * HIDDEN * 2 + HIDDEN * 2, make_set,
+                   torch_fn=lambda s: _hf_rmsnorm(s["x"], s["w"], EPS),
+                   ours_fn=ours, outs=[out] if ours and _accepts(fn, "out") else [],
+                   via="04/rmsnorm.py rmsnorm", skip=None if ours else why)
+
+
+def fused_add_rmsnorm_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("04", "rmsnorm", "fused_add_rmsnorm")
+    for T in TOKENS:
+        def make_set(g, T=T):
+            return {"x": _gen_randn((T, HIDDEN), g), "r": _gen_randn((T, HIDDEN), g),
+                    "w": _gen_randn((HIDDEN,), g)}
+
+        def torch_fn(s):
+            # HF's decoder layer: residual = residual + h; h = norm(residual) (new tensors;
+            # the same bytes as ours, which writes both results over its inputs)
+            r = s["x"] + s["r"]
+            return _hf_rmsnorm(r, s["w"], EPS), r
+
+        ours = (lambda s: fn(s["x"], s["r"], s["w"], EPS)) if fn else None
+        # reads x, residual, weight; writes the normalized x and the new residual
+        yield Case("fused_add_rmsnorm", str(T), 4 * T * HIDDEN * 2 + HIDDEN * 2, make_set,
+                   torch_fn=torch_fn, ours_fn=ours,
+                   via="04/rmsnorm.py fused_add_rmsnorm (in place)", skip=None if ours else why)
+
+
+def _hf_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+              cos_sin: torch.Tensor) -> Outputs:
+    # transformers' apply_rotary_pos_emb: q * cos + rotate_half(q) * sin, cos/sin in q's dtype
+    half = q.shape[-1] // 2
+    cs = cos_sin[positions].to(q.dtype)
+    cos = torch.cat((cs[:, :half], cs[:, :half]), dim=-1)[:, None, :]
+    sin = torch.cat((cs[:, half:], cs[:, half:]), dim=-1)[:, None, :]
+    for x in (q, k):
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x.copy_(x * cos + rotated * sin)
+    return q, k
+
+
+def rope_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("05", "rope", "apply_rope_")
+    tables, why_tables = ops.get("05", "rope_tables", "cos_sin_cache")
+    raw = ops.raw("apply_rope")
+    cos_sin = None
+    if tables is not None:
+        try:
+            cos_sin = tables(HEAD_DIM, 500000.0, None, ROPE_POSITIONS, torch.device(DEVICE))
+        except Exception as e:  # the torch column still runs
+            why_tables = f"error: cos_sin_cache: {type(e).__name__}: {e}"
+    if cos_sin is None:
+        # Plain torch table (cos | sin of pos * theta^(-2i/d)) so the torch column still runs.
+        inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
+        ang = torch.arange(ROPE_POSITIONS, dtype=torch.float32)[:, None] * inv[None, :]
+        cos_sin = torch.cat((ang.cos(), ang.sin()), dim=-1).to(DEVICE)
+        why = why or why_tables
+    for T in TOKENS:
+        def make_set(g, T=T):
+            start = int(torch.randint(0, ROPE_POSITIONS - T + 1, (1,), generator=g,
+                                      device=DEVICE))
+            return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
+                    "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
+                    "pos": torch.arange(start, start + T, dtype=torch.int64, device=DEVICE)}
+        flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+        ours, via = None, ""
+        if why is None and raw is not None:
+            def ours(s, flag=flag):
+                raw(s["q"], s["k"], s["pos"], cos_sin, flag)
+                return s["q"], s["k"]
+            via = "torch.ops.tinyvllm.apply_rope (preallocated error flag, in place)"
+        elif why is None and fn is not None:
+            kw = {"check": False} if _accepts(fn, "check") else {}
+
+            def ours(s, kw=kw):
+                fn(s["q"], s["k"], s["pos"], cos_sin, **kw)
+                return s["q"], s["k"]
+            via = "05/rope.py apply_rope_ (in place)"
+        qk = T * (N_HEADS + N_KV_HEADS) * HEAD_DIM * 2
+        yield Case("rope", str(T), 2 * qk + T * 8 + T * HEAD_DIM * 4, make_set,
+                   torch_fn=lambda s: _hf_rope_(s["q"], s["k"], s["pos"], cos_sin),
+                   ours_fn=ours, via=via, skip=None if ours else why)
+
+
+def silu_mul_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("08", "activation", "silu_mul")
+    for T in TOKENS:
+        def make_set(g, T=T):
+            return {"x": _gen_randn((T, 2 * INTER), g)}
+        out = torch.empty(T, INTER, dtype=torch.bfloat16, device=DEVICE)
+        ours = None
+        if fn is not None:
+            ours = ((lambda s, out=out: fn(s["x"], out=out)) if _accepts(fn, "out")
+                    else (lambda s: fn(s["x"])))
+        yield Case("silu_mul", str(T), T * 2 * INTER * 2 + T * INTER * 2, make_set,
+                   torch_fn=lambda s: F.silu(s["x"][:, :INTER]) * s["x"][:, INTER:],
+                   ours_fn=ours, outs=[out] if ours and _accepts(fn, "out") else [],
+                   via="08/activation.py silu_mul", skip=None if ours else why)
+
+
+def argmax_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("08", "argmax", "argmax")
+    for T in TOKENS:
+        def make_set(g, T=T):
+            return {"logits": _gen_randn((T, VOCAB), g, scale=3.0)}
+        out = torch.empty(T, dtype=torch.int64, device=DEVICE)
+        ours = None
+        if fn is not None:
+            ours = ((lambda s, out=out: fn(s["logits"], out=out)) if _accepts(fn, "out")
+                    else (lambda s: fn(s["logits"])))
+        yield Case("argmax", str(T), T * VOCAB * 2 + T * 8, make_set,
+                   torch_fn=lambda s: torch.argmax(s["logits"], dim=-1),
+                   ours_fn=ours, compare="argmax",
+                   outs=[out] if ours and _accepts(fn, "out") else [],
+                   via="08/argmax.py argmax", skip=None if ours else why)
+
+
+def linear_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("06", "linear", "linear")
+    for name, n_out in ((f"linear {HIDDEN}->{INTER}", INTER),
+                        (f"lm_head {HIDDEN}->{VOCAB}", VOCAB)):
+        for T in TOKENS:
+            def make_set(g, T=T, n_out=n_out):
+                # weights scaled by 1/sqrt(in) so outputs are O(1), as in a trained model
+                return {"x": _gen_randn((T, HIDDEN), g),
+                        "w": _gen_randn((n_out, HIDDEN), g, scale=HIDDEN ** -0.5)}
+            out = torch.empty(T, n_out, dtype=torch.bfloat16, device=DEVICE)
+            ours = None
+            if fn is not None:
+                ours = ((lambda s, out=out: fn(s["x"], s["w"], out=out)) if _accepts(fn, "out")
+                        else (lambda s: fn(s["x"], s["w"])))
+            yield Case(name, str(T), (T * HIDDEN + n_out * HIDDEN + T * n_out) * 2, make_set,
+                       torch_fn=lambda s: F.linear(s["x"], s["w"]),
+                       ours_fn=ours, flops=2 * T * HIDDEN * n_out,
+                       outs=[out] if ours and _accepts(fn, "out") else [],
+                       via="06/linear.py linear", skip=None if ours else why)
+
+
+def _sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
+                 scale: float, upcast: bool = False) -> torch.Tensor:
+    """Causal GQA attention of n_seq equal-length sequences packed as [T, heads, d]."""
+    T = q.shape[0]
+    S = T // n_seq
+    qb, kb, vb = (t.view(n_seq, S, t.shape[1], HEAD_DIM).transpose(1, 2) for t in (q, k, v))
+    if upcast:  # the oracle: float32, K/V expanded to every query head (no GQA path)
+        group = N_HEADS // N_KV_HEADS
+        qb = qb.float()
+        kb = kb.float().repeat_interleave(group, dim=1)
+        vb = vb.float().repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        o = o.to(q.dtype)
+    else:
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale,
+                                           enable_gqa=True)
+    return o.transpose(1, 2).reshape(T, N_HEADS, HEAD_DIM)
+
+
+def attention_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("07", "attention", "prefill_attention")
+    scale = HEAD_DIM ** -0.5
+    for n_seq, S in ATTENTION_SHAPES:
+        T = n_seq * S
+
+        def make_set(g, T=T):
+            return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
+                    "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
+                    "v": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)}
+        cu = torch.arange(0, T + 1, S, dtype=torch.int32, device=DEVICE)
+        out = torch.empty(T, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        ours = None
+        if fn is not None:
+            if _accepts(fn, "out"):
+                ours = (lambda s, cu=cu, out=out: fn(s["q"], s["k"], s["v"], cu, scale, out=out))
+            else:
+                ours = (lambda s, cu=cu: fn(s["q"], s["k"], s["v"], cu, scale))
+        # causal: query i of a sequence meets i + 1 keys; QK^T and PV are 2 * d flops each
+        flops = n_seq * 4 * HEAD_DIM * N_HEADS * S * (S + 1) // 2
+        nbytes = (T * N_HEADS * HEAD_DIM * 2) * 2 + (T * N_KV_HEADS * HEAD_DIM * 2) * 2
+        yield Case("prefill_attention", f"{n_seq}x{S}" if n_seq > 1 else str(S), nbytes,
+                   make_set,
+                   torch_fn=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale),
+                   reference=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale,
+                                                             upcast=True),
+                   ours_fn=ours, flops=flops,
+                   outs=[out] if ours and _accepts(fn, "out") else [],
+                   via="07/attention.py prefill_attention", skip=None if ours else why)
+
+
+FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
+    "embedding": embedding_cases,
+    "rmsnorm": rmsnorm_cases,
+    "fused_add_rmsnorm": fused_add_rmsnorm_cases,
+    "rope": rope_cases,
+    "silu_mul": silu_mul_cases,
+    "argmax": argmax_cases,
+    "linear": linear_cases,
+    "attention": attention_cases,
+}
+
