@@ -17,6 +17,7 @@ import json
 import numpy as np
 import pytest
 
+from solutions.engine import gguf as gguf_reader
 from solutions.engine import smollm2
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -50,7 +51,7 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def test_metadata_matches_gguf_package(gguf_file):
     gguf = pytest.importorskip("gguf")
     ref = gguf.GGUFReader(gguf_file)
-    mine = smollm2.GGUFFile(gguf_file)
+    mine = gguf_reader.GGUFFile(gguf_file)
     keys = [k for k in ref.fields if not k.startswith("GGUF.")]
     assert sorted(keys) == sorted(mine.metadata), "metadata keys differ from gguf.GGUFReader's"
     for key in keys:
@@ -69,7 +70,7 @@ def test_every_tensor_dequantizes_like_gguf_package(gguf_file):
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize
     ref = gguf.GGUFReader(gguf_file)
-    mine = smollm2.GGUFFile(gguf_file)
+    mine = gguf_reader.GGUFFile(gguf_file)
     assert len(ref.tensors) == len(mine.tensors)
     seen = set()
     for t in ref.tensors:
@@ -90,30 +91,30 @@ def test_every_tensor_dequantizes_like_gguf_package(gguf_file):
     assert {"Q4_1", "Q8_0", "F32"} <= seen
 
 
-@pytest.mark.parametrize("type_id", sorted(smollm2.GGML_TYPES))
+@pytest.mark.parametrize("type_id", sorted(gguf_reader.GGML_TYPES))
 def test_each_supported_type_matches_gguf_package(type_id, seed):
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize, quantize
     qtype = gguf.GGMLQuantizationType(type_id)
-    assert qtype.name == smollm2.GGML_TYPES[type_id].name
+    assert qtype.name == gguf_reader.GGML_TYPES[type_id].name
     x = np.random.default_rng(seed).standard_normal((7, 96)).astype(np.float32) * 3
     packed = quantize(x, qtype)
     expected = dequantize(packed, qtype).reshape(x.shape)
-    got = smollm2.dequantize(packed.view(np.uint8).reshape(-1), type_id, x.shape)
+    got = gguf_reader.dequantize(packed.view(np.uint8).reshape(-1), type_id, x.shape)
     np.testing.assert_array_equal(got, expected, err_msg=f"{qtype.name} dequantization")
 
 
 def test_unsupported_type_and_bad_files_are_clear_errors(tmp_path):
-    with pytest.raises(smollm2.GGUFError, match="ggml type 14 is not supported"):
-        smollm2.dequantize(np.zeros(210, np.uint8), 14, (256,))   # Q6_K
+    with pytest.raises(gguf_reader.GGUFError, match="ggml type 14 is not supported"):
+        gguf_reader.dequantize(np.zeros(210, np.uint8), 14, (256,))   # Q6_K
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGML" + bytes(60))
-    with pytest.raises(smollm2.GGUFError, match="not a GGUF file"):
-        smollm2.GGUFFile(bad)
+    with pytest.raises(gguf_reader.GGUFError, match="not a GGUF file"):
+        gguf_reader.GGUFFile(bad)
     src = _require_model().read_bytes()
     bad.write_bytes(src[:5000])
-    with pytest.raises(smollm2.GGUFError, match="unexpected end of file|past the end"):
-        smollm2.GGUFFile(bad)
+    with pytest.raises(gguf_reader.GGUFError, match="unexpected end of file|past the end"):
+        gguf_reader.GGUFFile(bad)
 
 
 @pytest.mark.parametrize("n_head,head_dim,cols", [(9, 64, 576), (3, 64, 576), (4, 6, 5)])
@@ -121,7 +122,7 @@ def test_unpermute_inverts_llama_cpp_permute(n_head, head_dim, cols, seed):
     w = np.random.default_rng(seed).standard_normal((n_head * head_dim, cols)).astype(np.float32)
     permuted = _llama_cpp_permute(w, n_head)
     assert not np.array_equal(permuted, w)
-    np.testing.assert_array_equal(smollm2.unpermute_rope(permuted, n_head), w)
+    np.testing.assert_array_equal(gguf_reader.unpermute_rope(permuted, n_head), w)
 
 
 # --- the converted directory ------------------------------------------------------------------
@@ -131,7 +132,7 @@ def test_converted_dir_layout(model_dir, gguf_file):
                  "generation_config.json"):
         assert (model_dir / name).is_file(), f"{name} missing from {model_dir}"
     cfg = json.loads((model_dir / "config.json").read_text())
-    g = smollm2.GGUFFile(gguf_file)
+    g = gguf_reader.GGUFFile(gguf_file)
     assert cfg["num_hidden_layers"] == g.metadata["llama.block_count"] == 30
     assert cfg["num_attention_heads"] == 9 and cfg["num_key_value_heads"] == 3
     assert cfg["hidden_size"] == 576 and cfg["head_dim"] == 64
@@ -174,7 +175,7 @@ def test_transformers_generation_answers_paris(model_dir):
 def test_tokenizer_matches_gguf_vocabulary(model_dir, gguf_file):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    g = smollm2.GGUFFile(gguf_file)
+    g = gguf_reader.GGUFFile(gguf_file)
     tokens = g.metadata["tokenizer.ggml.tokens"]
     types = g.metadata["tokenizer.ggml.token_type"]
     assert tok.get_vocab_size(with_added_tokens=True) == len(tokens)
