@@ -32,7 +32,8 @@ embedding = parts.load("03", "embedding").embedding
 _rmsnorm = parts.load("04", "rmsnorm")
 rmsnorm, fused_add_rmsnorm = _rmsnorm.rmsnorm, _rmsnorm.fused_add_rmsnorm
 cos_sin_cache = parts.load("05", "rope_tables").cos_sin_cache
-apply_rope_ = parts.load("05", "rope").apply_rope_
+_rope = parts.load("05", "rope")
+apply_rope_, positions_error = _rope.apply_rope_, _rope.out_of_range_error
 linear = parts.load("06", "linear").linear
 prefill_attention = parts.load("07", "attention").prefill_attention
 silu_mul = parts.load("08", "activation").silu_mul
@@ -142,9 +143,9 @@ class LlamaModel:
         Returns logits [B, vocab] float32, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
         """
-        if positions.numel() and int(positions.max()) >= self.cos_sin.shape[0]:
-            raise IndexError(f"position {int(positions.max())} is past the rope table "
-                             f"({self.cos_sin.shape[0]} positions)")
+        error = positions_error(positions, self.cos_sin.shape[0])  # once, not once a layer
+        if error is not None:
+            raise error
         ids = ids.to(self.device)
         positions = positions.to(self.device)
         cu_seqlens = cu_seqlens.to(self.device)
