@@ -32,6 +32,10 @@ class BuildError(RuntimeError):
     """A kernel did not compile or link; the message is the compiler's, cut to the errors."""
 
 
+class ToolchainMissing(BuildError):
+    """No CUDA toolkit, or a CPU-only torch: nothing could be compiled on this machine."""
+
+
 def cache_dir() -> Path:
     base = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tiny-vllm"
     return Path(base) / "build"
@@ -52,7 +56,7 @@ def cuda_home() -> Path:
     for c in candidates:
         if c and (Path(c) / "bin" / "nvcc").is_file() and _find_lib(Path(c), "libcudart.so"):
             return Path(c)
-    raise BuildError("no CUDA toolkit found (looked for bin/nvcc beside lib/libcudart.so): "
+    raise ToolchainMissing("no CUDA toolkit found (looked for bin/nvcc beside lib/libcudart.so): "
                      "install the CUDA toolkit or set CUDA_HOME to its directory")
 
 
@@ -69,7 +73,7 @@ def _torch_paths() -> tuple[list[Path], list[Path]]:
     """Include and library directories: torch's, the toolkit's and torch's nvidia wheels'."""
     import torch
     if torch.version.cuda is None:
-        raise BuildError(f"torch {torch.__version__} is a CPU-only build; building kernels needs "
+        raise ToolchainMissing(f"torch {torch.__version__} is a CPU-only build; building kernels needs "
                          "a CUDA build of torch (pip install torch==2.14.1)")
     os.environ.setdefault("CUDA_HOME", str(cuda_home()))
     # Without a GPU it warns "No CUDA runtime is found" on import: expected here, not news.

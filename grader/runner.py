@@ -104,10 +104,10 @@ def build_kernels(stage: manifest.Stage, student_ids: list[str],
         start = time.time()
         build.build(parts.kernel_sources())
         return f"ok ({time.time() - start:.1f} s)"
+    except (build.ToolchainMissing, ImportError) as e:
+        return f"not built here ({e})"
     except build.BuildError as e:
         return f"FAILED\n{e}"
-    except ImportError as e:
-        return f"not built ({e})"
     finally:
         for k, v in saved.items():
             if v is None:
