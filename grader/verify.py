@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from grader import build, manifest, parts, runner
+from grader import build, manifest, parts, report, runner
 
 
 def environment() -> dict[str, str]:
@@ -33,7 +33,7 @@ def environment() -> dict[str, str]:
         env["gpu"] = f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, " \
                      f"{props.total_memory / 2**30:.0f} GiB)"
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True) if _which("nvidia-smi") else None
+                         capture_output=True, text=True) if shutil.which("nvidia-smi") else None
     if smi and smi.returncode == 0:
         env["driver"] = smi.stdout.strip()
     try:
@@ -48,11 +48,6 @@ def environment() -> dict[str, str]:
         except ImportError:
             env[name] = "not installed"
     return env
-
-
-def _which(cmd: str) -> bool:
-    from shutil import which
-    return which(cmd) is not None
 
 
 def timed_builds() -> dict[str, float]:
@@ -152,15 +147,11 @@ def main(argv: list[str]) -> int:
         (args.out / "summary.md").write_text(text + "\n")
         (args.out / "results.json").write_text(json.dumps({
             "summary": summary,
-            "solutions": [_as_dict(r) for r in solutions],
-            "skeletons": [_as_dict(r) for r in skeletons],
+            "solutions": [report.as_dict(r) for r in solutions],
+            "skeletons": [report.as_dict(r) for r in skeletons],
             "project": [t.__dict__ for t in project_tests], "project_errors": project_errors,
         }, indent=1))
     ok = not failures and not bad_skeletons and not project_errors
     print("\nVERIFY:", "all checks passed" if ok else f"{len(failures) + len(bad_skeletons)} problems")
     return 0 if ok else 1
 
-
-def _as_dict(r: runner.StageResult) -> dict:
-    from grader import report
-    return report.as_dict(r)
