@@ -101,7 +101,6 @@ def embedding_cases(ops: Ops) -> Iterator[Case]:
             return {"ids": ids, "table": _gen_randn((VOCAB, HIDDEN), g)}
         out = torch.empty(T, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
         flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-        ours, via = None, ""
         if raw is not None:
             def ours(s, out=out, flag=flag):
                 raw(s["ids"], s["table"], out, flag)
@@ -111,6 +110,8 @@ def embedding_cases(ops: Ops) -> Iterator[Case]:
             kw = {"check": False} if _accepts(fn, "check") else {}
             ours = (lambda s, out=out, kw=kw: fn(s["ids"], s["table"], out=out, **kw))
             via = "03/embedding.py embedding"
+        else:
+            ours, via = None, ""
         yield Case("embedding", str(T), T * 8 + 2 * T * HIDDEN * 2, make_set,
                    torch_fn=lambda s: F.embedding(s["ids"], s["table"]),
                    ours_fn=ours, compare="equal", outs=[out], via=via,
@@ -199,7 +200,6 @@ def rope_cases(ops: Ops) -> Iterator[Case]:
                     "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
                     "pos": torch.arange(start, start + T, dtype=torch.int64, device=DEVICE)}
         flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-        ours, via = None, ""
         if why is None and raw is not None:
             def ours(s, flag=flag):
                 raw(s["q"], s["k"], s["pos"], cos_sin, flag)
@@ -212,6 +212,8 @@ def rope_cases(ops: Ops) -> Iterator[Case]:
                 fn(s["q"], s["k"], s["pos"], cos_sin, **kw)
                 return s["q"], s["k"]
             via = "05/rope.py apply_rope_ (in place)"
+        else:
+            ours, via = None, ""
         qk = T * (N_HEADS + N_KV_HEADS) * HEAD_DIM * 2
         yield Case("rope", str(T), 2 * qk + T * 8 + T * HEAD_DIM * 4, make_set,
                    torch_fn=lambda s: _hf_rope_(s["q"], s["k"], s["pos"], cos_sin),
