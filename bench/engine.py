@@ -33,7 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-NO_CUDA = "bench.engine: no CUDA device here; nothing was measured (run it on a GPU machine)."
+from bench.timing import report_no_cuda
+
 DEVICE = "cuda"     # a module global only so that a CPU dry run of the plumbing can patch it
 PROMPT_TOKENS = 128
 NEW_TOKENS = 64
@@ -189,11 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and prompt")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print(NO_CUDA)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"measured": False, "reason": NO_CUDA, "results": []}, f, indent=2)
-        return 0
+        return report_no_cuda("bench.engine", args.json, "results")
 
     import transformers
     transformers.logging.set_verbosity_error()

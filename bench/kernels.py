@@ -38,9 +38,7 @@ from typing import Any
 import torch
 
 from bench.cases import FAMILIES, Case, Ops, Outputs
-from bench.timing import COPY_BYTES, DEVICE, Timer, Timing, copy_bandwidth
-
-NO_CUDA = "bench.kernels: no CUDA device here; nothing was measured (run it on a GPU machine)."
+from bench.timing import COPY_BYTES, DEVICE, Timer, Timing, copy_bandwidth, report_no_cuda
 
 # ------------------------------------------------------------------------------ correctness
 
@@ -288,11 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print(NO_CUDA)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"measured": False, "reason": NO_CUDA, "rows": []}, f, indent=2)
-        return 0
+        return report_no_cuda("bench.kernels", args.json, "rows")
     families = list(FAMILIES)
     if args.only:
         families = [f.strip() for f in args.only.split(",") if f.strip()]

@@ -6,6 +6,7 @@ time device work, not Python's launch overhead (reported separately as host us p
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +17,16 @@ import torch
 
 DEVICE = "cuda"
 COPY_BYTES = 2**30
+
+
+def report_no_cuda(module: str, json_path: str | None, rows_key: str) -> int:
+    """Say that nothing was measured (and write that to json_path); return the exit status, 0."""
+    reason = f"{module}: no CUDA device here; nothing was measured (run it on a GPU machine)."
+    print(reason)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"measured": False, "reason": reason, rows_key: []}, f, indent=2)
+    return 0
 
 
 # ----------------------------------------------------------------------------------- timing

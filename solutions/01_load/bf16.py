@@ -23,10 +23,14 @@ from grader import parts
 BF16_NAN = 0x7FC0  # sign 0, exponent all ones, top mantissa bit set: the canonical quiet NaN
 
 
+def _require(x: torch.Tensor, dtype: torch.dtype, op: str) -> None:
+    if x.dtype != dtype:
+        raise TypeError(f"{op}: x must be {str(dtype).removeprefix('torch.')}, got {x.dtype}")
+
+
 def fp32_to_bf16_native(x: torch.Tensor) -> torch.Tensor:
     """x: [...] float32 -> [...] bfloat16, round to nearest even, NaN -> 0x7FC0."""
-    if x.dtype != torch.float32:
-        raise TypeError(f"fp32_to_bf16: x must be float32, got {x.dtype}")
+    _require(x, torch.float32, "fp32_to_bf16")
     # int64 holds the unsigned 32-bit pattern and the carry without overflow.
     bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     lsb = (bits >> 16) & 1                     # the last kept bit: ties round to make it 0
@@ -39,31 +43,29 @@ def fp32_to_bf16_native(x: torch.Tensor) -> torch.Tensor:
 
 def bf16_to_fp32_native(x: torch.Tensor) -> torch.Tensor:
     """x: [...] bfloat16 -> [...] float32, exact: the bf16 bits become the top 16 bits."""
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"bf16_to_fp32: x must be bfloat16, got {x.dtype}")
+    _require(x, torch.bfloat16, "bf16_to_fp32")
     # Sign-extending int16 -> int32 and shifting left by 16 leaves exactly the bf16 bits on top.
     return (x.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
+
+
+def _convert_on_gpu(x: torch.Tensor, src: torch.dtype, dst: torch.dtype, op: str) -> torch.Tensor:
+    """x (src) -> a new dst tensor, by bf16.cu's kernel named op."""
+    _require(x, src, op)
+    x = x.contiguous()
+    out = torch.empty_like(x, dtype=dst)
+    getattr(parts.kernels(), op)(x, out)
+    return out
 
 
 def fp32_to_bf16(x: torch.Tensor) -> torch.Tensor:
     """x: [...] float32 -> [...] bfloat16; the CUDA kernel for CUDA tensors."""
     if not x.is_cuda:
         return fp32_to_bf16_native(x)
-    if x.dtype != torch.float32:
-        raise TypeError(f"fp32_to_bf16: x must be float32, got {x.dtype}")
-    x = x.contiguous()
-    out = torch.empty_like(x, dtype=torch.bfloat16)
-    parts.kernels().fp32_to_bf16(x, out)
-    return out
+    return _convert_on_gpu(x, torch.float32, torch.bfloat16, "fp32_to_bf16")
 
 
 def bf16_to_fp32(x: torch.Tensor) -> torch.Tensor:
     """x: [...] bfloat16 -> [...] float32; the CUDA kernel for CUDA tensors."""
     if not x.is_cuda:
         return bf16_to_fp32_native(x)
-    if x.dtype != torch.bfloat16:
-        raise TypeError(f"bf16_to_fp32: x must be bfloat16, got {x.dtype}")
-    x = x.contiguous()
-    out = torch.empty_like(x, dtype=torch.float32)
-    parts.kernels().bf16_to_fp32(x, out)
-    return out
+    return _convert_on_gpu(x, torch.bfloat16, torch.float32, "bf16_to_fp32")
