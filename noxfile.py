@@ -77,7 +77,7 @@ def generate(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """Build every kernel for this machine's GPU (python3 -m grader compile-check --archs NN
     for other architectures). Objects are cached, so a one-kernel edit rebuilds in seconds."""
-    _run(session, "-c", "from grader import parts, build; print(build.build(parts.kernel_sources()))")
+    _run(session, "-c", "from course import parts, build; print(build.build(parts.kernel_sources()))")
 
 
 @nox.session

@@ -62,7 +62,7 @@ class Ops:
         self.kernels = None
         self.build_error: str | None = None
         try:
-            from grader import parts
+            from course import parts
             self.kernels = parts.kernels()
         except Exception as e:  # a failed build becomes every row's reason
             self.build_error = f"kernels did not build: {str(e).splitlines()[0][:200]}"
@@ -70,7 +70,7 @@ class Ops:
     def get(self, stage: str, module: str, name: str) -> tuple[Callable | None, str | None]:
         if self.build_error:
             return None, f"error: {self.build_error}"
-        from grader import parts
+        from course import parts
         try:
             mod = parts.load(stage, module)
         except FileNotFoundError:

@@ -80,7 +80,7 @@ def build_models(shape: dict, seed: int):
     """(transformers model, our LlamaModel) with the same random bf16 weights on DEVICE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from grader import parts
+    from course import parts
     hf_config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                             attention_bias=False, mlp_bias=False)
     hf_config._attn_implementation = "sdpa"

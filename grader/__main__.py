@@ -17,7 +17,8 @@ import importlib
 import sys
 from pathlib import Path
 
-from grader import manifest, report, runner
+from course import manifest
+from grader import report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:

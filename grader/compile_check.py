@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from grader import build, manifest
+from course import build, manifest
 
 
 def main(argv: list[str]) -> int:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader import manifest, parts
+from course import manifest, parts
 from grader.pytest_plugin import RESULTS_ENV, STICKY_EXIT
 
 NOT_GRADED = "not graded"
@@ -97,7 +97,7 @@ def build_kernels(stage: manifest.Stage, student_ids: list[str],
     machine without a GPU, where the kernel tests themselves are not graded."""
     if not any(p.endswith(".cu") for p in stage.parts):
         return ""
-    from grader import build
+    from course import build
     saved = {k: os.environ.get(k) for k in (parts.STUDENT_ENV, parts.STUDENT_ROOT_ENV)}
     os.environ.update(parts.selection_env(student_ids, student_root))
     try:

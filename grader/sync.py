@@ -22,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from grader import manifest
+from course import manifest
 
 BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>#|//)\s*BEGIN SOLUTION(?::\s*(?P<hint>[^|]*?))?"
                    r"\s*(?:\|\s*(?P<stub>.*?))?\s*$")

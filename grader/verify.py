@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from grader import build, manifest, parts, report, runner
+from course import build, manifest, parts
+from grader import report, runner
 
 
 def environment() -> dict[str, str]:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import manifest, parts, report, runner, sync
+from course import manifest, parts
+from grader import report, runner, sync
 
 ROOT = manifest.ROOT
 
@@ -203,7 +204,7 @@ def test_compile_error_is_shown_with_file_and_line(tmp_path):
 
 
 def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
-    from grader import build
+    from course import build
 
     def no_toolkit(sources, archs=None):
         raise build.ToolchainMissing("no CUDA toolkit found")

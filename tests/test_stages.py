@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from grader import manifest, runner
+from course import manifest
+from grader import runner
 
 READY = [s for s in manifest.stages() if s.ready]
 

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from grader import parts
+from course import parts
 
 
 @pytest.fixture(scope="module")

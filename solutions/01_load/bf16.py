@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import parts
+from course import parts
 
 BF16_NAN = 0x7FC0  # sign 0, exponent all ones, top mantissa bit set: the canonical quiet NaN
 

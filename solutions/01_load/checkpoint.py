@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from grader import parts
+from course import parts
 
 _st = parts.load("01", "safetensors")
 CheckpointError = _st.CheckpointError

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import parts
+from course import parts
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 

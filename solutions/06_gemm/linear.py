@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import parts
+from course import parts
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:

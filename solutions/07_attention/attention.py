@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grader import parts
+from course import parts
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grader import parts
+from course import parts
 
 
 def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

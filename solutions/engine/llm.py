@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from grader import parts
+from course import parts
 
 FINISH_REASONS = ("eos", "stop_string", "max_tokens", "context")
 DEFAULT_MAX_TOKENS = 256

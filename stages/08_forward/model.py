@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grader import parts
+from course import parts
 
 embedding = parts.load("03", "embedding").embedding
 _rmsnorm = parts.load("04", "rmsnorm")

@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file as library_load_file
 from safetensors.torch import save_file
 
-from grader import checks, fixtures, parts
+from course import parts
+from grader import checks, fixtures
 
 
 def ckpt():

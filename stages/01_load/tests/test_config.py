@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from grader import fixtures, parts
+from course import parts
+from grader import fixtures
 
 
 def cfg_mod():

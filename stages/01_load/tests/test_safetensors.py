@@ -18,7 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file as library_load_file
 from safetensors.torch import save_file
 
-from grader import checks, parts
+from course import parts
+from grader import checks
 
 
 def st():

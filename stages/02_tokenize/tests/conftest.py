@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import parts
+from course import parts
 
 DATA = Path(__file__).parent / "data"
 # The Llama 3.2 package above ships the base model's tokenizer_config.json, which has no chat

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from grader import parts
+from course import parts
 
 DATE = "26 Jul 2024"
 

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from grader import parts
+from course import parts
 
 FFFD = "\ufffd"
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader import checks, parts
+from course import parts
+from grader import checks
 
 # name: (head_dim, theta, llama3 (factor, low, high, original context) or None)
 CONFIGS = {

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import checks, parts
+from course import parts
+from grader import checks
 
 TRANSPOSE_HINT = (
     "cuBLAS is column-major: the row-major x [T, in] is the column-major matrix x^T [in, T], and "

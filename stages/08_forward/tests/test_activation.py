@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import checks, parts
+from course import parts
+from grader import checks
 
 BF16 = torch.bfloat16
 # (tokens, intermediate): SmolLM2 (1536), Llama-3.2-1B (8192), multiples of 8 that are not

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grader import checks, parts
+from course import parts
+from grader import checks
 
 DTYPES = [torch.bfloat16, torch.float32]
 # Llama 3's and SmolLM2's vocabularies, LLaMA-2's, and odd sizes (no 16-byte packs).

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grader import checks, equivalence, fixtures, parts
+from course import parts
+from grader import checks, equivalence, fixtures
 
 VARIANTS = list(fixtures.VARIANTS)
 FP32_TOL = 1e-4    # relative to the largest |value|: float32 rounding through a few layers

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
-from grader.manifest import ROOT
+from course.manifest import ROOT
 
 COMMON = ROOT / "solutions" / "common"
 ARCHS_ENV = "TINYVLLM_CUDA_ARCHS"

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from grader import manifest
+from course import manifest
 
 STUDENT_ENV = "TINYVLLM_STUDENT"
 STUDENT_ROOT_ENV = "TINYVLLM_STUDENT_ROOT"
@@ -108,7 +108,7 @@ def kernels():
     """
     global _kernels
     if _kernels is None:
-        from grader import build
+        from course import build
         try:
             _kernels = build.load_kernels(kernel_sources())
         except build.BuildError as e:
