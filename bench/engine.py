@@ -104,8 +104,7 @@ def bench_shape(name: str, shape: dict, runs: int, seed: int) -> dict:
     prompt = torch.randint(3, shape["vocab_size"], (PROMPT_TOKENS,), generator=g).tolist()
     ids = torch.tensor([prompt], dtype=torch.int64, device=DEVICE)
     mask = torch.ones_like(ids)
-    positions = torch.arange(PROMPT_TOKENS, dtype=torch.int64, device=DEVICE)
-    cu_seqlens = torch.tensor([0, PROMPT_TOKENS], dtype=torch.int32, device=DEVICE)
+    packed_ids, positions, meta = model_mod.packed_inputs([prompt], DEVICE)
 
     def hf_generate(n: int) -> list[int]:
         out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
@@ -138,7 +137,8 @@ def bench_shape(name: str, shape: dict, runs: int, seed: int) -> dict:
         result["hf_generated"] = len(hf_tokens)
 
         sides = {
-            "ours": (lambda: ours.forward(ids[0], positions, cu_seqlens), ours_generate),
+            "ours": (lambda: ours.compute_logits(ours.forward(packed_ids, positions, meta),
+                                                 meta.last_rows), ours_generate),
             "transformers": (lambda: hf(input_ids=ids, use_cache=False, logits_to_keep=1),
                              hf_generate),
         }

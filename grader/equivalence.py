@@ -55,6 +55,23 @@ def assert_rel_close(got: torch.Tensor, expected: torch.Tensor, tol: float, what
 
 
 @torch.no_grad()
+def our_logits(model, prompts, return_hidden: bool = False):
+    """Our model's logits of each prompt's last token, the prompts packed in one forward.
+
+    model: a LlamaModel (stage 08); prompts: lists of token ids. Returns [B, V] float32, and
+    with return_hidden=True also the residual stream after each layer ([T, H] each).
+    """
+    from course import parts
+    ids, positions, meta = parts.load("08", "attention_metadata").packed_inputs(prompts,
+                                                                                model.device)
+    model.check_inputs(ids, positions)
+    out = model.forward(ids, positions, meta, return_hidden=return_hidden)
+    hidden, layers = out if return_hidden else (out, None)
+    logits = model.compute_logits(hidden, meta.last_rows)
+    return (logits, layers) if return_hidden else logits
+
+
+@torch.no_grad()
 def hf_forward(model, ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """transformers' (logits [T, V] float32, [layer output [T, H] for each decoder layer]).
 

@@ -52,9 +52,7 @@ def test_engine_greedy_equals_transformers(tiny, seed):
 def test_engine_logits_equal_transformers(tiny, seed):
     _, hf, llm = tiny
     prompt = random_prompt(17, llm.config.vocab_size)
-    T = len(prompt)
-    logits = llm.model.forward(torch.tensor(prompt), torch.arange(T),
-                               torch.tensor([0, T], dtype=torch.int32))
+    logits = equivalence.our_logits(llm.model, [prompt])
     expected = equivalence.hf_forward(hf, prompt)[0][-1:]
     checks.assert_close(logits, expected, what="last-token logits", dtype=torch.float32,
                         atol=FP32_TOL * max(float(expected.abs().max()), 1.0), rtol=0.0)

@@ -73,12 +73,6 @@ def random_prompt(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=checks.generator("cpu")).tolist()
 
 
-def one_sequence(ids: list[int]):
-    T = len(ids)
-    return (torch.tensor(ids, device="cuda"), torch.arange(T, device="cuda"),
-            torch.tensor([0, T], dtype=torch.int32, device="cuda"))
-
-
 def tolerance(noise: float) -> float:
     return max(BF16_TOL, 2 * noise)
 
@@ -87,7 +81,7 @@ def tolerance(noise: float) -> float:
 def test_hidden_states_and_logits(models, seed):
     name, hf, hf32, ours = models
     ids = random_prompt(200, ours.config.vocab_size)
-    logits, hidden = ours.forward(*one_sequence(ids), return_hidden=True)
+    logits, hidden = equivalence.our_logits(ours, [ids], return_hidden=True)
     hf_logits, hf_hidden = equivalence.hf_forward(hf, ids)
     f32_logits, f32_hidden = equivalence.hf_forward(hf32, ids)
     assert len(hidden) == len(hf_hidden) == ours.config.num_hidden_layers
@@ -109,10 +103,7 @@ def test_hidden_states_and_logits(models, seed):
 def test_packed_sequences(models, seed):
     name, hf, hf32, ours = models
     prompts = [random_prompt(n, ours.config.vocab_size) for n in (37, 1, 128, 64)]
-    ids = torch.tensor([t for p in prompts for t in p], device="cuda")
-    positions = torch.tensor([i for p in prompts for i in range(len(p))], device="cuda")
-    cu = torch.tensor([0, 37, 38, 166, 230], dtype=torch.int32, device="cuda")
-    logits = ours.forward(ids, positions, cu)
+    logits = equivalence.our_logits(ours, prompts)
     for b, p in enumerate(prompts):
         expected = equivalence.hf_forward(hf, p)[0][-1]
         noise = equivalence.rel_error(expected, equivalence.hf_forward(hf32, p)[0][-1])

@@ -3,7 +3,11 @@
 //     out[t, h] = sum_j softmax_j(scale * q[t, h] . k[j, g]) v[j, g],   g = h / (n_heads / n_kv)
 //
 // over the keys j of t's own sequence with j <= t (causal). Sequences are packed along the
-// token axis: sequence b is tokens [cu_seqlens[b], cu_seqlens[b+1]) (vLLM's varlen layout).
+// token axis: sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) of q and its
+// keys rows [cu_seqlens_k[b], cu_seqlens_k[b+1]) of k and v (vLLM's varlen layout). A sequence
+// may have more keys than queries -- a prompt whose first tokens are already in the KV cache
+// (chunked prefill, stage 11): its len_q queries are then its LAST len_q positions, so query
+// i sits at key position i + (len_k - len_q), and the causal mask is aligned to the end.
 //
 // One block computes a tile of 64 query rows of one head of one sequence. It streams that
 // sequence's keys through shared memory in tiles of 64, twice:
@@ -42,7 +46,8 @@ struct Params {
   const __nv_bfloat16* k;
   const __nv_bfloat16* v;
   __nv_bfloat16* out;          // [tokens, n_heads, head_dim], contiguous
-  const int32_t* cu_seqlens;   // [n_seqs + 1]
+  const int32_t* cu_seqlens_q;   // [n_seqs + 1]
+  const int32_t* cu_seqlens_k;   // [n_seqs + 1]
   int64_t q_stride, k_stride, v_stride;  // elements from one token's row to the next
   int n_heads, n_kv_heads, head_dim;
   float scale_log2;            // scale * log2(e)
@@ -187,20 +192,24 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(Params p) {
   const int h = blockIdx.y, seq = blockIdx.z;
   // The last tiles of a sequence see the most keys: start them first so they don't trail.
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockQ;
-  const int start = p.cu_seqlens[seq];
-  const int len = p.cu_seqlens[seq + 1] - start;
-  if (q0 >= len) return;  // this sequence is shorter than the longest one
+  const int start = p.cu_seqlens_q[seq];
+  const int len_q = p.cu_seqlens_q[seq + 1] - start;
+  if (q0 >= len_q) return;  // this sequence is shorter than the longest one
+  const int start_k = p.cu_seqlens_k[seq];
+  const int len = p.cu_seqlens_k[seq + 1] - start_k;  // keys; query i is at key position i + shift
+  const int shift = len - len_q;
 
   // BEGIN SOLUTION: the KV head that serves query head h (grouped-query attention) | const int kv_head = 0;
   const int kv_head = h / (p.n_heads / p.n_kv_heads);
   // END SOLUTION
   const __nv_bfloat16* q = p.q + start * p.q_stride + static_cast<int64_t>(h) * d;
-  const __nv_bfloat16* k = p.k + start * p.k_stride + static_cast<int64_t>(kv_head) * d;
-  const __nv_bfloat16* v = p.v + start * p.v_stride + static_cast<int64_t>(kv_head) * d;
+  const __nv_bfloat16* k = p.k + start_k * p.k_stride + static_cast<int64_t>(kv_head) * d;
+  const __nv_bfloat16* v = p.v + start_k * p.v_stride + static_cast<int64_t>(kv_head) * d;
   // Keys this tile can see: none past its last row (causal) or past the sequence.
-  const int kv_end = min(q0 + kBlockQ, len);
+  const int kv_end = min(q0 + kBlockQ + shift, len);
+  const int qpos0 = q0 + shift;  // the key position of this tile's first query row
 
-  load_tile(qs, pitch, q, p.q_stride, q0, len, d);
+  load_tile(qs, pitch, q, p.q_stride, q0, len_q, d);
   float s[4][4];
 
   // Pass 1: the largest visible score of each of this thread's 4 rows, over all key tiles.
@@ -214,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(Params p) {
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        if (visible(q0 + ty + 16 * i, k0 + tx + 16 * j, len)) m[i] = fmaxf(m[i], s[i][j]);
+        if (visible(qpos0 + ty + 16 * i, k0 + tx + 16 * j, len)) m[i] = fmaxf(m[i], s[i][j]);
     __syncthreads();  // everyone is done with this K tile before the next one overwrites it
   }
 #pragma unroll
@@ -241,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(Params p) {
       const float base = m[i] == -INFINITY ? 0.f : m[i];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const bool seen = visible(q0 + ty + 16 * i, k0 + tx + 16 * j, len);
+        const bool seen = visible(qpos0 + ty + 16 * i, k0 + tx + 16 * j, len);
         const float pr = seen ? exp2f(s[i][j] - base) : 0.f;
         l[i] += pr;
         ps[(ty + 16 * i) * kPPitch + tx + 16 * j] = pr;
@@ -259,7 +268,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(Params p) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int row = q0 + ty + 16 * i;
-    if (row >= len) continue;
+    if (row >= len_q) continue;
     const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
     __nv_bfloat16* dst = p.out + (static_cast<int64_t>(start + row) * p.n_heads + h) * d;
 #pragma unroll
@@ -295,11 +304,13 @@ tvllm_status launch(const Params& p, int n_seqs, int max_seqlen, cudaStream_t st
 
 // q: [tokens, n_heads, head_dim], k, v: [tokens, n_kv_heads, head_dim], bf16, heads
 // contiguous inside a token's row, rows `*_stride` elements apart (a multiple of 8), 16-byte
-// aligned. out: [tokens, n_heads, head_dim] bf16, contiguous. cu_seqlens: [n_seqs + 1] int32
-// on the device, 0 = cu_seqlens[0] <= ... <= cu_seqlens[n_seqs] = tokens; max_seqlen is the
-// longest sequence (the caller has read cu_seqlens).
+// aligned. out: [tokens, n_heads, head_dim] bf16, contiguous. cu_seqlens_q, cu_seqlens_k:
+// [n_seqs + 1] int32 on the device, rising from 0 to the query (key) rows, with at least as
+// many keys as queries in each sequence; max_seqlen is the longest query run (the caller knows
+// it on the host: the kernel never makes the CPU wait).
 tvllm_status launch_prefill_attention(const void* q, const void* k, const void* v, void* out,
-                                      const int32_t* cu_seqlens, int n_seqs, int max_seqlen,
+                                      const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                      int n_seqs, int max_seqlen,
                                       int64_t q_stride, int64_t k_stride, int64_t v_stride,
                                       int n_heads, int n_kv_heads, int head_dim, float scale,
                                       cudaStream_t stream) {
@@ -311,7 +322,7 @@ tvllm_status launch_prefill_attention(const void* q, const void* k, const void* 
   if (n_heads > 65535 || n_seqs > 65535) return "at most 65535 heads and 65535 sequences";
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
                  static_cast<const __nv_bfloat16*>(v), static_cast<__nv_bfloat16*>(out),
-                 cu_seqlens, q_stride, k_stride, v_stride, n_heads, n_kv_heads, head_dim,
+                 cu_seqlens_q, cu_seqlens_k, q_stride, k_stride, v_stride, n_heads, n_kv_heads, head_dim,
                  scale * kLog2e};
   switch (head_dim) {
     case 64: return launch<64>(p, n_seqs, max_seqlen, stream);

@@ -14,8 +14,15 @@ resolver, so grading stage NN runs the student's kernel of stage NN inside this 
     linear (06), prefill_attention (07), silu_mul / argmax (08).
 
 Several sequences can run in one call, packed one after another into the token dimension
-(the layout vLLM calls "varlen"): `cu_seqlens` holds the offsets, [0, len0, len0+len1, ...],
-and attention keeps each sequence to itself. Everything else works token by token.
+(the layout vLLM calls "varlen"). Attention is the only op that needs to know where each
+sequence starts; `AttentionMetadata` (attention_metadata.py) tells it, and an attention
+*backend* does the work: `PrefillAttention` (stage 07's kernel over the new tokens) here,
+stage 09's KV-cache backend later. The same forward serves both, so the model is written once.
+
+`forward` returns hidden states; `compute_logits` turns only the rows that predict a token
+into logits. Splitting them lets a serving engine record `forward` in a CUDA graph (stage 10)
+and keep the logits, whose rows vary, outside it. Nothing inside `forward` reads a GPU value
+on the host: token ids and positions are checked once, by `check_inputs`, when they enter.
 
 There is no KV cache yet: `generate_greedy` recomputes the whole sequence for every new
 token (stage 09 fixes that).
@@ -26,18 +33,19 @@ from dataclasses import dataclass
 
 import torch
 
-from course import parts
+from course import ops, parts
 
-embedding = parts.load("03", "embedding").embedding
-_rmsnorm = parts.load("04", "rmsnorm")
-rmsnorm, fused_add_rmsnorm = _rmsnorm.rmsnorm, _rmsnorm.fused_add_rmsnorm
-cos_sin_cache = parts.load("05", "rope_tables").cos_sin_cache
-_rope = parts.load("05", "rope")
-apply_rope_, positions_error = _rope.apply_rope_, _rope.out_of_range_error
-linear = parts.load("06", "linear").linear
-prefill_attention = parts.load("07", "attention").prefill_attention
-silu_mul = parts.load("08", "activation").silu_mul
-argmax = parts.load("08", "argmax").argmax
+_meta = parts.load("08", "attention_metadata")
+AttentionMetadata, PrefillAttention = _meta.AttentionMetadata, _meta.PrefillAttention
+packed_inputs = _meta.packed_inputs
+embedding = ops.get("embedding")
+rmsnorm, fused_add_rmsnorm = ops.get("rmsnorm"), ops.get("fused_add_rmsnorm")
+cos_sin_cache, apply_rope_ = ops.get("cos_sin_cache"), ops.get("apply_rope_")
+linear = ops.get("linear")
+silu_mul = ops.get("silu_mul")
+argmax = ops.get("argmax")
+ids_error = parts.load("03", "embedding").out_of_range_error
+positions_error = parts.load("05", "rope").out_of_range_error
 
 # The rope table holds one row per position; Llama 3.x claims 131072 positions (32 MiB of
 # float32 at head_dim 64), some configs claim millions. Beyond this the table is not built.
@@ -67,12 +75,13 @@ class LlamaModel:
     names (load_weights of stage 01, or a transformers model's state_dict()); device and
     dtype: where and in what the weights live and the forward runs (default: bf16 on CUDA,
     float32 on CPU). max_positions: the longest sequence the rope table covers (default:
-    the config's max_position_embeddings, capped at MAX_POSITIONS_CAP).
+    the config's max_position_embeddings, capped at MAX_POSITIONS_CAP). attention: the
+    attention backend (default: PrefillAttention, no cache); see attention_metadata.py.
     """
 
     def __init__(self, config, weights: dict[str, torch.Tensor],
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, attention=None):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype or default_dtype(self.device)
@@ -95,6 +104,7 @@ class LlamaModel:
             self.lm_head = self._weight(weights, "lm_head.weight", (V, H))
         self.cos_sin = cos_sin_cache(config.head_dim, config.rope_theta, config.rope_scaling,
                                      self.max_positions, self.device)   # [P, d] float32
+        self.attention = attention or PrefillAttention()
 
     def _weight(self, weights: dict[str, torch.Tensor], name: str,
                 shape: tuple[int, ...]) -> torch.Tensor:
@@ -134,28 +144,32 @@ class LlamaModel:
             down=w("mlp.down_proj.weight", (H, I)),
         )
 
-    @torch.no_grad()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor,
-                return_hidden: bool = False):
-        """Logits of each sequence's last token.
+    def check_inputs(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Raise IndexError for a token id outside the vocabulary or a position outside the
+        rope table. It reads the tensors on the host: call it once where inputs enter (the
+        engine does when a request is admitted), never inside a step."""
+        for error in (ids_error(ids, self.config.vocab_size),
+                      positions_error(positions, self.cos_sin.shape[0])):
+            if error is not None:
+                raise error
 
-        ids: [T] int64 token ids of B sequences packed back to back; positions: [T] int64,
-        each token's position in its own sequence (0, 1, ... per sequence); cu_seqlens:
-        [B + 1] int32, sequence b is tokens cu_seqlens[b]:cu_seqlens[b + 1].
-        Returns logits [B, vocab] float32, and with return_hidden=True also the residual
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                return_hidden: bool = False):
+        """The final hidden states of the step's tokens, after the last RMSNorm.
+
+        ids: [T] int64 new token ids of B sequences packed back to back; positions: [T] int64,
+        each token's position in its own sequence; meta: where each sequence starts, and the
+        KV cache if any (attention_metadata.py), all on the model's device. The inputs must
+        have passed check_inputs: nothing here waits for the GPU.
+        Returns [T, H] in the model's dtype, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
         """
-        error = positions_error(positions, self.cos_sin.shape[0])  # once, not once a layer
-        if error is not None:
-            raise error
-        ids = ids.to(self.device)
-        positions = positions.to(self.device)
-        cu_seqlens = cu_seqlens.to(self.device)
         eps = self.config.rms_norm_eps
         hidden = []
-        h = embedding(ids, self.embed_tokens)                       # [T, H]
+        h = embedding(ids, self.embed_tokens, check=False)          # [T, H]
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             if residual is None:    # layer 0: the residual stream starts as the embeddings
                 residual = h
                 x = rmsnorm(h, layer.input_norm, eps)
@@ -163,31 +177,33 @@ class LlamaModel:
                 x, residual = fused_add_rmsnorm(h, residual, layer.input_norm, eps)
                 if return_hidden:
                     hidden.append(residual.clone())
-            h = self.attention_block(layer, x, positions, cu_seqlens)
+            h = self.attention_block(i, layer, x, positions, meta)
             x, residual = fused_add_rmsnorm(h, residual, layer.post_norm, eps)
             h = self.mlp_block(layer, x)
-        logits, residual = self.final_logits(h, residual, cu_seqlens)
+        x, residual = fused_add_rmsnorm(h, residual, self.final_norm, eps)
         if return_hidden:
             hidden.append(residual.clone())
-            return logits, hidden
-        return logits
+            return x, hidden
+        return x
 
     __call__ = forward
 
-    def attention_block(self, layer: LayerWeights, x: torch.Tensor, positions: torch.Tensor,
-                        cu_seqlens: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] (normalized) -> the attention's output projection [T, H]."""
+    def attention_block(self, index: int, layer: LayerWeights, x: torch.Tensor,
+                        positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """x: [T, H] (normalized) -> the attention's output projection [T, H].
+
+        index: the layer's number (the backend keeps one KV cache per layer)."""
         c = self.config
         T, d = x.shape[0], self.head_dim
         nh, nkv = c.num_attention_heads, c.num_key_value_heads
-        # BEGIN SOLUTION: qkv linear; q, k, v views; apply_rope_; prefill_attention; o linear
+        # BEGIN SOLUTION: qkv linear; q, k, v views; apply_rope_ (check=False); self.attention(index, q, k, v, meta, self.scale); o linear
         qkv = linear(x, layer.qkv)                                  # [T, (nh + 2 nkv) d]
         q = qkv[:, : nh * d].view(T, nh, d)
         k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
-        apply_rope_(q, k, positions, self.cos_sin, check=False)  # forward() checked positions
-        attn = prefill_attention(q, k, v, cu_seqlens, self.scale)  # [T, nh, d]
-        return linear(attn.view(T, nh * d), layer.o)                # [T, H]
+        apply_rope_(q, k, positions, self.cos_sin, check=False)  # check_inputs did it
+        attn = self.attention(index, q, k, v, meta, self.scale)      # [T, nh, d]
+        return linear(attn.reshape(T, nh * d), layer.o)             # [T, H]
         # END SOLUTION
 
     def mlp_block(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
@@ -197,20 +213,17 @@ class LlamaModel:
         return linear(silu_mul(gate_up), layer.down)                # [T, I] -> [T, H]
         # END SOLUTION
 
-    def final_logits(self, h: torch.Tensor, residual: torch.Tensor, cu_seqlens: torch.Tensor):
-        """The last layer's MLP output h and the stream -> (logits [B, V] float32, stream).
+    def compute_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Logits of the chosen rows: hidden [T, H] (forward's output), rows [R] int64 on the
+        device (usually meta.last_rows) -> [R, V] float32.
 
-        Only each sequence's last token predicts the next one, so only those B rows go
-        through lm_head: a [B, H] x [H, V] product instead of [T, H] x [H, V].
+        Only each sequence's last token predicts the next one, so only those rows go through
+        lm_head: an [R, H] x [H, V] product instead of [T, H] x [H, V].
         """
-        eps = self.config.rms_norm_eps
-        # BEGIN SOLUTION: final fused_add_rmsnorm; rows cu_seqlens[1:] - 1; lm_head with out_dtype=torch.float32
-        x, residual = fused_add_rmsnorm(h, residual, self.final_norm, eps)
-        last = cu_seqlens[1:].long() - 1                            # [B]
+        # BEGIN SOLUTION: index_select the rows; lm_head linear with out_dtype=torch.float32
         # float32 logits: at logit 25 a bf16 step is 0.125, wider than the gap between a
         # trained model's top two tokens can be (SmolLM2's first answer token: 0.08).
-        logits = linear(x.index_select(0, last), self.lm_head, out_dtype=torch.float32)
-        return logits, residual
+        return linear(hidden.index_select(0, rows), self.lm_head, out_dtype=torch.float32)
         # END SOLUTION
 
 
@@ -229,15 +242,14 @@ def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: in
     if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
         raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
                          f"the model's {model.max_positions} positions")
+    model.check_inputs(torch.tensor(prompt_ids, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     eos = set(eos_ids)
-    # BEGIN SOLUTION: forward all tokens so far, argmax, append; stop after an eos
+    # BEGIN SOLUTION: packed_inputs of [ids], forward, compute_logits of meta.last_rows, argmax; stop after an eos
     ids = list(prompt_ids)
     out: list[int] = []
     for _ in range(max_new_tokens):
-        T = len(ids)
-        logits = model.forward(torch.tensor(ids, dtype=torch.int64, device=model.device),
-                               torch.arange(T, dtype=torch.int64, device=model.device),
-                               torch.tensor([0, T], dtype=torch.int32, device=model.device))
+        tokens, positions, meta = packed_inputs([ids], model.device)
+        logits = model.compute_logits(model.forward(tokens, positions, meta), meta.last_rows)
         token = int(argmax(logits)[0])
         out.append(token)
         if token in eos:

@@ -185,10 +185,10 @@ class LLM:
     def _next_token(self, ids: list[int], temperature: float,
                     generator: torch.Generator | None) -> int:
         """One step without a KV cache: the whole sequence through the model."""
-        T, dev = len(ids), self.device
-        logits = self.model.forward(torch.tensor(ids, dtype=torch.int64, device=dev),
-                                    torch.arange(T, dtype=torch.int64, device=dev),
-                                    torch.tensor([0, T], dtype=torch.int32, device=dev))
+        tokens, positions, meta = parts.load("08", "attention_metadata").packed_inputs(
+            [ids], self.device)
+        logits = self.model.compute_logits(self.model.forward(tokens, positions, meta),
+                                           meta.last_rows)
         if temperature == 0:
             return int(self._argmax(logits)[0])
         probs = torch.softmax(logits[0] / temperature, dim=-1)

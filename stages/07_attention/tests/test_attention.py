@@ -187,18 +187,53 @@ def test_rejects_bad_input(seed):
     out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
     q136 = torch.zeros((8, 2, 136), dtype=q.dtype, device="cuda")
     bad = {
-        "head_dim": (q136, q136, q136, cu, 0.1, q136.clone()),
-        "cu_seqlens must end": (q, k, v, torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda"),
-                                0.1, out),
-        "must not decrease": (q, k, v, torch.tensor([0, 5, 3, 8], dtype=torch.int32,
-                                                    device="cuda"), 0.1, out),
+        "head_dim": (q136, q136, q136, cu, cu, 5, 0.1, q136.clone()),
         "multiple of n_kv_heads": (q, k[:, :1].expand(8, 3, 64).contiguous(),
-                                   v[:, :1].expand(8, 3, 64).contiguous(), cu, 0.1, out),
-        "bfloat16": (q.float(), k, v, cu, 0.1, out),
-        "cu_seqlens": (q, k, v, cu.long(), 0.1, out),
+                                   v[:, :1].expand(8, 3, 64).contiguous(), cu, cu, 5, 0.1, out),
+        "bfloat16": (q.float(), k, v, cu, cu, 5, 0.1, out),
+        "cu_seqlens_q": (q, k, v, cu.long(), cu, 5, 0.1, out),
+        "max_seqlen_q": (q, k, v, cu, cu, 9, 0.1, out),
     }
     for needle, args in bad.items():
         with pytest.raises(RuntimeError) as info:
             kernel(*args)
         assert needle in str(info.value), (
             f"bad input should be refused with a message about {needle!r}, got: {info.value}")
+    # Without max_seqlen_q the wrapper reads and checks the offsets on the host first.
+    for needle, offsets in {"must rise from 0": [0, 3, 7], "must rise": [0, 5, 3, 8]}.items():
+        with pytest.raises(ValueError, match=needle):
+            attention_op().prefill_attention(
+                q, k, v, torch.tensor(offsets, dtype=torch.int32, device="cuda"), 0.1)
+
+
+# (queries, keys) per sequence: the first keys - queries tokens were cached in earlier steps.
+CACHED = [[(1, 1)], [(1, 300)], [(64, 64), (5, 200), (1, 1000), (70, 71)], [(129, 1000), (0, 9)]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("runs", CACHED, ids=lambda v: "+".join(f"{a}of{b}" for a, b in v))
+@pytest.mark.parametrize("n_heads,n_kv,d", [(9, 3, 64), (32, 8, 128)], ids=lambda v: str(v))
+def test_queries_after_a_cached_prefix(seed, runs, n_heads, n_kv, d):
+    """More keys than queries (chunked prefill, stage 11): query i of a sequence with Lq
+    queries and Lk keys is key position i + Lk - Lq, and sees the keys up to it."""
+    gen = checks.generator("cuda", seed)
+    lq, lk = [a for a, _ in runs], [b for _, b in runs]
+    q, _, _, cu_q = make_inputs(gen, lq, n_heads, n_kv, d)
+    _, k, v, cu_k = make_inputs(gen, lk, n_heads, n_kv, d)
+    out = checks.poison(torch.empty(q.shape, dtype=q.dtype, device="cuda"))
+    got = attention_op().prefill_attention(q, k, v, cu_q, d ** -0.5, out=out, cu_seqlens_k=cu_k,
+                                           max_seqlen_q=max(lq))
+    # The oracle: each sequence's queries are the last rows of a full-length causal attention.
+    expected = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(runs)):
+        if lq[b] == 0:
+            continue
+        full_q = torch.zeros((lk[b], n_heads, d), dtype=q.dtype, device="cuda")
+        full_q[lk[b] - lq[b]:] = q[bq[b]:bq[b + 1]]
+        full = sdpa_oracle(full_q, k[bk[b]:bk[b + 1]], v[bk[b]:bk[b + 1]], [0, lk[b]], d ** -0.5)
+        expected[bq[b]:bq[b + 1]] = full[lk[b] - lq[b]:]
+    checks.assert_close(got, expected, what=f"{runs} (queries, keys) vs SDPA", dtype=torch.bfloat16,
+                        hint="a sequence's queries are its LAST positions: query i sits at key "
+                             "position i + (len_k - len_q); read K/V from cu_seqlens_k, Q from "
+                             "cu_seqlens_q")

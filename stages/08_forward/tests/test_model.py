@@ -42,25 +42,6 @@ def random_prompt(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=checks.generator("cpu")).tolist()
 
 
-def one_sequence(ids: list[int], device="cpu"):
-    T = len(ids)
-    return (torch.tensor(ids, dtype=torch.int64, device=device),
-            torch.arange(T, dtype=torch.int64, device=device),
-            torch.tensor([0, T], dtype=torch.int32, device=device))
-
-
-def packed(prompts: list[list[int]], device="cpu"):
-    """Sequences back to back: ids, positions restarting at 0 in each, cu_seqlens."""
-    ids = [t for p in prompts for t in p]
-    positions = [i for p in prompts for i in range(len(p))]
-    cu = [0]
-    for p in prompts:
-        cu.append(cu[-1] + len(p))
-    return (torch.tensor(ids, dtype=torch.int64, device=device),
-            torch.tensor(positions, dtype=torch.int64, device=device),
-            torch.tensor(cu, dtype=torch.int32, device=device))
-
-
 def assert_fp32_close(got: torch.Tensor, expected: torch.Tensor, what: str, hint: str) -> None:
     scale = float(expected.abs().max())
     checks.assert_close(got, expected, what=what, hint=hint, dtype=torch.float32,
@@ -79,7 +60,7 @@ LAYER_HINT = {
 def test_logits_match_transformers(tiny, seed):
     m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
     ids = random_prompt(13, tiny.config.vocab_size)
-    logits = m.forward(*one_sequence(ids))
+    logits = equivalence.our_logits(m, [ids])
     hf_logits, _ = equivalence.hf_forward(tiny.hf, ids)
     assert logits.dtype == torch.float32, f"logits must be float32, got {logits.dtype}"
     assert_fp32_close(logits, hf_logits[-1:], f"{tiny.variant}: logits of the last token",
@@ -92,7 +73,7 @@ def test_logits_match_transformers(tiny, seed):
 def test_hidden_states_match_transformers(tiny, seed):
     m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
     ids = random_prompt(11, tiny.config.vocab_size)
-    _, hidden = m.forward(*one_sequence(ids), return_hidden=True)
+    _, hidden = equivalence.our_logits(m, [ids], return_hidden=True)
     _, hf_hidden = equivalence.hf_forward(tiny.hf, ids)
     assert len(hidden) == len(hf_hidden), (f"return_hidden gave {len(hidden)} tensors, "
                                            f"expected one per layer ({len(hf_hidden)})")
@@ -106,11 +87,11 @@ def test_packed_sequences(tiny, seed):
     """Three prompts in one forward: each must get the logits it gets alone."""
     m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
     prompts = [random_prompt(n, tiny.config.vocab_size) for n in (5, 1, 12)]
-    logits = m.forward(*packed(prompts))
+    logits = equivalence.our_logits(m, prompts)
     expected = torch.stack([equivalence.hf_forward(tiny.hf, p)[0][-1] for p in prompts])
     assert_fp32_close(logits, expected, f"{tiny.variant}: logits of 3 packed sequences",
                       hint="positions restart at 0 in each sequence; attention gets "
-                           "cu_seqlens; the logits are the rows cu_seqlens[1:] - 1 (each "
+                           "the metadata; the logits are the rows meta.last_rows (each "
                            "sequence's last token)")
 
 
@@ -153,7 +134,7 @@ def test_bf16_on_gpu_matches_transformers(tiny, seed):
     hf = LlamaForCausalLM.from_pretrained(tiny.directory, dtype=torch.bfloat16).to("cuda").eval()
     m = M.LlamaModel(tiny.config, tiny.weights, "cuda", torch.bfloat16)
     ids = random_prompt(29, tiny.config.vocab_size)
-    logits, hidden = m.forward(*one_sequence(ids, "cuda"), return_hidden=True)
+    logits, hidden = equivalence.our_logits(m, [ids], return_hidden=True)
     hf_logits, hf_hidden = equivalence.hf_forward(hf, ids)
     for i, (ours, theirs) in enumerate(zip(hidden, hf_hidden)):
         equivalence.assert_rel_close(ours, theirs, BF16_TOL,
@@ -162,7 +143,7 @@ def test_bf16_on_gpu_matches_transformers(tiny, seed):
     equivalence.assert_rel_close(logits, hf_logits[-1:], BF16_TOL, f"{tiny.variant} bf16: logits")
 
     prompts = [random_prompt(n, tiny.config.vocab_size) for n in (9, 1, 30)]
-    logits = m.forward(*packed(prompts, "cuda"))
+    logits = equivalence.our_logits(m, prompts)
     expected = torch.stack([equivalence.hf_forward(hf, p)[0][-1] for p in prompts])
     equivalence.assert_rel_close(logits, expected, BF16_TOL,
                                  f"{tiny.variant} bf16: logits of 3 packed sequences")
