@@ -50,8 +50,8 @@ def grade_main(argv: list[str]) -> int:
     else:
         ids = [stage.id]
     result = runner.run_stage(stage, ids, args.student_root, args.extra_tests, args.timeout,
-                              args.verbose)
-    print(report.render(result))
+                              args.verbose, listener=report.LivePrinter())
+    print("\n".join(report.footer(result)))
     if args.json:
         report.write_json(args.json, [report.as_dict(result)])
     if args.junit:

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import TextIO
 
-from grader.runner import StageResult
+from grader.pytest_plugin import BUILD_FAILED
+from grader.runner import Listener, StageResult, TestResult
 
 LABELS = {
     "passed": "passed",
@@ -16,7 +19,10 @@ LABELS = {
     "skipped": "skipped (counts zero)",
     "timeout": "TIMED OUT",
     "crashed": "CRASHED",
+    "not_run": "NOT RUN",
 }
+NOTED = ("todo", "failed", "timeout", "crashed", "not_run")      # first line in the table
+DETAILED = ("failed", "timeout", "crashed", "not_run")          # full message below it
 
 
 def short_name(test: str) -> str:
@@ -29,34 +35,93 @@ def first_line(text: str, width: int = 90) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def render(result: StageResult, details: int = 12) -> str:
-    stage = result.stage
-    out = [f"Stage {stage.id} -- {stage.title}", f"  using: {result.selection}"]
-    if result.build:
-        out.append("  kernels: " + result.build.replace("\n", "\n    "))
-    out.append("")
-    width = max([len(short_name(t.name)) for t in result.tests] + [20])
-    for t in result.tests:
-        note = ""
-        if t.outcome in ("todo", "failed", "timeout", "crashed"):
-            note = "  " + first_line(t.message)
-        out.append(f"  {short_name(t.name):<{width}}  {LABELS.get(t.outcome, t.outcome)}{note}")
+def header(stage, selection: str) -> list[str]:
+    return [f"Stage {stage.id} -- {stage.title}", f"  using: {selection}"]
+
+
+def build_lines(status: str) -> list[str]:
+    return ["  kernels: " + status.replace("\n", "\n    ")] if status else []
+
+
+def table_width(names: list[str]) -> int:
+    return max([len(short_name(n)) for n in names] + [20])
+
+
+def test_lines(t: TestResult, width: int) -> list[str]:
+    """A test's line in the table; a known cause of its failure goes on the line below it."""
+    note = ""
+    if t.outcome in NOTED:
+        note = "  " + first_line(t.message)
+    lines = [f"  {short_name(t.name):<{width}}  {LABELS.get(t.outcome, t.outcome)}{note}"]
+    cause = next((ln.strip() for ln in t.message.splitlines()
+                  if ln.strip().startswith("likely cause:")), "")
+    if t.outcome in NOTED and cause:
+        lines.append(f"  {'':<{width}}    {first_line(cause, 110)}")
+    return lines
+
+
+def footer(result: StageResult, details: int = 12) -> list[str]:
+    """Errors, each distinct failure's details once, the score and what to do next."""
+    out: list[str] = []
     for err in result.errors:
         out += ["", "  ERROR " + err.replace("\n", "\n    ")]
-    failures = [t for t in result.tests if t.outcome in ("failed", "timeout", "crashed")]
-    for t in failures[:details]:
-        out += ["", f"--- {short_name(t.name)}", *("    " + ln for ln in t.message.splitlines())]
-    if len(failures) > details:
-        out.append(f"\n({len(failures) - details} more failures not shown; see --json)")
+    # Tests that fail with the same message (a missing part, a build error) are shown once.
+    groups: dict[str, list[TestResult]] = {}
+    for t in result.tests:
+        if t.outcome in DETAILED and t.message != BUILD_FAILED:
+            groups.setdefault(t.message, []).append(t)
+    for message, tests in list(groups.items())[:details]:
+        names = short_name(tests[0].name) + (f" (and {len(tests) - 1} more with the same failure)"
+                                              if len(tests) > 1 else "")
+        out += ["", f"--- {names}", *("    " + ln for ln in message.splitlines())]
+    if len(groups) > details:
+        out.append(f"\n({len(groups) - details} more failures not shown; see --json)")
     counts = result.counts()
     summary = ", ".join(f"{n} {LABELS.get(k, k)}" for k, n in sorted(counts.items()))
-    out += ["", f"Score: {result.score:g}/{stage.points}  ({summary or 'no tests ran'})"]
+    out += ["", f"Score: {result.score:g}/{result.stage.points}  ({summary or 'no tests ran'})"]
     if counts.get("not_graded"):
         out.append("  Tests marked 'not graded' need a CUDA GPU; they count zero here. "
                    "Grade again on a machine with one for full marks.")
     if counts.get("todo"):
         out.append("  TODO: parts of this stage are not written yet; the messages say which.")
-    return "\n".join(out)
+    if counts.get("not_run"):
+        out.append("  NOT RUN: these tests were collected but never reported (they count zero); "
+                   "the message says why.")
+    return out
+
+
+def render(result: StageResult, details: int = 12) -> str:
+    out = header(result.stage, result.selection) + build_lines(result.build) + [""]
+    width = table_width([t.name for t in result.tests])
+    for t in result.tests:
+        out += test_lines(t, width)
+    return "\n".join(out + footer(result, details))
+
+
+class LivePrinter(Listener):
+    """Prints a grading run as it happens: the build's status, then the table line by line."""
+
+    def __init__(self, stream: TextIO = sys.stdout):
+        self.stream, self.width = stream, 20
+
+    def _print(self, lines: list[str], end: str = "\n") -> None:
+        print("\n".join(lines), end=end, file=self.stream, flush=True)
+
+    def stage_started(self, result: StageResult) -> None:
+        self._print(header(result.stage, result.selection))
+
+    def build_started(self) -> None:
+        self._print(["  kernels: building..."], end=" ")
+
+    def build_done(self, status: str) -> None:
+        self._print([status.replace("\n", "\n    ")])
+
+    def collected(self, tests: list[TestResult]) -> None:
+        self.width = table_width([t.name for t in tests])
+        self._print([""])
+
+    def test_done(self, test: TestResult) -> None:
+        self._print(test_lines(test, self.width))
 
 
 def as_dict(result: StageResult) -> dict:
@@ -82,7 +147,8 @@ def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:
         suite = ET.SubElement(root, "testsuite", name=f"{label}stage {result.stage.id}",
                               tests=str(len(result.tests)),
                               failures=str(sum(counts.get(k, 0) for k in
-                                               ("failed", "todo", "timeout", "crashed"))),
+                                               ("failed", "todo", "timeout", "crashed",
+                                                "not_run"))),
                               errors=str(len(result.errors)),
                               skipped=str(counts.get("not_graded", 0) + counts.get("skipped", 0)))
         ET.SubElement(suite, "properties").extend([

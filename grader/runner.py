@@ -1,9 +1,12 @@
 """Run one stage's tests in child processes, with a time limit per test, and score them.
 
-A child runs pytest with grader.pytest_plugin, which writes one line per test as it ends.
-When a test hangs past the limit, or crashes the child (a segfault, a CUDA error that poisons
-the context), that test is recorded as such and the child is restarted on the tests that
-have not run yet. Nothing a student's code does can stop the rest of the stage from being graded.
+First a child collects the tests (`pytest --collect-only`): that list is fixed before anything
+runs, and the score divides by it. Then a child runs them with grader.pytest_plugin, which
+writes one line per test as it ends. When a test hangs past the limit, or crashes the child (a
+segfault, a CUDA error that poisons the context), that test is recorded as such and a fresh
+child runs exactly the tests that have not reported yet. A collected test that never reports
+scores zero and is named. Nothing a student's code does can stop the rest of the stage from
+being graded or shrink what its score is divided by.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course import manifest, parts
-from grader.pytest_plugin import RESULTS_ENV, STICKY_EXIT
+from grader.pytest_plugin import RESULTS_ENV, SELECT_ENV, STICKY_EXIT
 
 NOT_GRADED = "not graded"
 DEFAULT_TEST_TIMEOUT = 300.0
@@ -27,7 +30,8 @@ DEFAULT_TEST_TIMEOUT = 300.0
 @dataclass
 class TestResult:
     name: str
-    outcome: str          # passed | failed | todo | not_graded | skipped | timeout | crashed
+    # passed | failed | todo | not_graded | skipped | timeout | crashed | not_run
+    outcome: str
     message: str = ""
     points: float = 1.0
     seconds: float = 0.0
@@ -81,13 +85,33 @@ def test_paths(stage: manifest.Stage, extra_tests: Path | None) -> list[Path]:
     return paths
 
 
+class Listener:
+    """Hears a grading run as it happens (the command line prints it live); does nothing here."""
+
+    def stage_started(self, result: StageResult) -> None: ...
+
+    def build_started(self) -> None: ...
+
+    def build_done(self, status: str) -> None: ...
+
+    def collected(self, tests: list[TestResult]) -> None: ...
+
+    def test_done(self, test: TestResult) -> None: ...
+
+
 def run_stage(stage: manifest.Stage, student_ids: list[str], student_root: Path | None = None,
               extra_tests: Path | None = None, test_timeout: float = DEFAULT_TEST_TIMEOUT,
-              verbose: bool = False) -> StageResult:
+              verbose: bool = False, listener: Listener | None = None) -> StageResult:
+    listener = listener or Listener()
     result = StageResult(stage, selection_label(student_ids, student_root))
-    result.build = build_kernels(stage, student_ids, student_root)
+    listener.stage_started(result)
+    if any(p.endswith(".cu") for p in stage.parts):
+        listener.build_started()
+        result.build = build_kernels(stage, student_ids, student_root)
+        listener.build_done(result.build)
     result.tests, result.errors = run_tests(test_paths(stage, extra_tests), student_ids,
-                                            student_root, test_timeout, verbose)
+                                            student_root, test_timeout, verbose,
+                                            listener=listener)
     return result
 
 
@@ -116,38 +140,99 @@ def build_kernels(stage: manifest.Stage, student_ids: list[str],
                 os.environ[k] = v
 
 
+class _Child:
+    """What one pytest child process needs: the command line and the environment."""
+
+    def __init__(self, paths: list[Path], env: dict[str, str], tmp: Path, verbose: bool,
+                 pytest_args: tuple[str, ...]):
+        self.env, self.tmp, self.verbose = env, tmp, verbose
+        # --tb=line when quiet: the messages come from the plugin, and formatting long
+        # tracebacks (a cached build error re-raised in every test) only costs time.
+        self.cmd = [sys.executable, "-m", "pytest", *map(str, paths), *pytest_args,
+                    "-p", "grader.pytest_plugin", "-p", "grader.pytest_setup",
+                    "--rootdir", str(manifest.ROOT), "-c", str(manifest.ROOT / "pyproject.toml"),
+                    "-q", "--no-header", "-rN", "-p", "no:cacheprovider",
+                    "--continue-on-collection-errors", "--tb=short" if verbose else "--tb=line"]
+        self.runs = 0
+
+    def start(self, extra: list[str], select: list[str] | None) -> tuple[subprocess.Popen, Path]:
+        self.runs += 1
+        results = self.tmp / f"results-{self.runs}.jsonl"
+        env = {**self.env, RESULTS_ENV: str(results)}
+        env.pop(SELECT_ENV, None)
+        if select is not None:
+            chosen = self.tmp / f"select-{self.runs}.txt"
+            chosen.write_text("\n".join(select) + "\n")
+            env[SELECT_ENV] = str(chosen)
+        out = None if self.verbose else subprocess.DEVNULL
+        proc = subprocess.Popen(self.cmd + extra, env=env, cwd=manifest.ROOT, stdout=out,
+                                stderr=out, start_new_session=True)
+        return proc, results
+
+
 def run_tests(paths: list[Path], student_ids: list[str], student_root: Path | None = None,
               test_timeout: float = DEFAULT_TEST_TIMEOUT, verbose: bool = False,
-              pytest_args: tuple[str, ...] = ()) -> tuple[list[TestResult], list[str]]:
-    """Run pytest on `paths` in child processes until every test has a result."""
+              pytest_args: tuple[str, ...] = (),
+              listener: Listener | None = None) -> tuple[list[TestResult], list[str]]:
+    """Collect the tests under `paths`, then run them in child processes until every one has a
+    result; return the results in collection order and any collection errors."""
+    listener = listener or Listener()
     env = {**os.environ, **parts.selection_env(student_ids, student_root)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(manifest.ROOT), env.get("PYTHONPATH")]))
-    done: dict[str, TestResult] = {}
-    errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tinyvllm-grade-") as tmp:
-        for attempt in range(10_000):
-            results_file = Path(tmp) / f"results-{attempt}.jsonl"
-            env[RESULTS_ENV] = str(results_file)
-            cmd = [sys.executable, "-m", "pytest", *map(str, paths), *pytest_args,
-                   "-p", "grader.pytest_plugin", "-p", "grader.pytest_setup", "--rootdir", str(manifest.ROOT),
-                   "-c", str(manifest.ROOT / "pyproject.toml"), "-q", "--no-header", "-rN",
-                   "-p", "no:cacheprovider", *(f"--deselect={name}" for name in done)]
-            finished, crashed_in = _run_child(cmd, env, results_file, test_timeout, verbose, done,
-                                              errors)
-            if finished or crashed_in is None:
-                break
-    return list(done.values()), errors
+        child = _Child(paths, env, Path(tmp), verbose, pytest_args)
+        collected, errors = _collect(child, test_timeout)
+        listener.collected(collected)
+        done: dict[str, TestResult] = {}
+        points = {t.name: t.points for t in collected}
+        why_stopped = ""
+        while remaining := [t.name for t in collected if t.name not in done]:
+            before = len(done)
+            finished, why_stopped = _run_child(child, remaining, points, test_timeout, done,
+                                               errors, listener)
+            if finished or len(done) == before:
+                break  # a child that finished, or ran nothing, would not do better again
+        for name in (t.name for t in collected if t.name not in done):
+            done[name] = TestResult(name, "not_run", "never reported a result"
+                                    + (f" ({why_stopped})" if why_stopped else ""), points[name])
+            listener.test_done(done[name])
+    return [done[t.name] for t in collected], errors
 
 
-def _run_child(cmd, env, results_file: Path, test_timeout: float, verbose: bool,
-               done: dict[str, TestResult], errors: list[str]) -> tuple[bool, str | None]:
-    """Run one child; return (finished normally, name of the test it died in, if any)."""
-    out = None if verbose else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, env=env, cwd=manifest.ROOT, stdout=out, stderr=out,
-                            start_new_session=True)
+def _collect(child: _Child, test_timeout: float) -> tuple[list[TestResult], list[str]]:
+    """The fixed list of tests (not yet run), and the collection errors."""
+    proc, results = child.start(["--collect-only"], None)
+    try:
+        code = proc.wait(timeout=max(test_timeout, 60.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return [], [f"collecting the tests took longer than {max(test_timeout, 60.0):.0f} s"]
+    _, events = _read_events(results, 0)
+    tests = [TestResult(t["test"], "not_run", points=t["points"])
+             for ev in events if ev["event"] == "collected" for t in ev["tests"]]
+    errors = [f"could not collect {ev['test']}:\n{ev['message']}"
+              for ev in events if ev["event"] == "collect_error"]
+    if not any(ev["event"] == "collected" for ev in events):
+        errors.append(f"pytest could not collect the tests (exit status {code}"
+                      f"{_signal_name(code)}); run with -v to see its output")
+    return tests, errors
+
+
+def _run_child(child: _Child, select: list[str], points: dict[str, float], test_timeout: float,
+               done: dict[str, TestResult], errors: list[str],
+               listener: Listener) -> tuple[bool, str]:
+    """Run the selected tests in one child; return (it finished normally, why it stopped)."""
+    proc, results_file = child.start([], select)
     running: tuple[str, float] | None = None
     offset = 0
     finished = False
+
+    def record(test: TestResult) -> None:
+        if test.name in points:  # a test that was not collected first does not count
+            done[test.name] = test
+            listener.test_done(test)
+
     while True:
         code = proc.poll()
         offset, events = _read_events(results_file, offset)
@@ -156,10 +241,8 @@ def _run_child(cmd, env, results_file: Path, test_timeout: float, verbose: bool,
                 running = (ev["test"], ev["time"])
             elif ev["event"] == "end":
                 started = running[1] if running and running[0] == ev["test"] else ev["time"]
-                done[ev["test"]] = _test_result(ev, ev["time"] - started)
+                record(_test_result(ev, ev["time"] - started))
                 running = None
-            elif ev["event"] == "collect_error":
-                errors.append(f"could not collect {ev['test']}:\n{ev['message']}")
             elif ev["event"] == "finished":
                 finished = True
         if code is not None:
@@ -167,20 +250,22 @@ def _run_child(cmd, env, results_file: Path, test_timeout: float, verbose: bool,
         if running and time.time() - running[1] > test_timeout:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            done[running[0]] = TestResult(running[0], "timeout",
-                                          f"still running after {test_timeout:.0f} s: killed "
-                                          "(an infinite loop? a kernel that never returns?)")
-            return False, running[0]
-        time.sleep(0.2)
-    if finished or running is None:
-        if not finished and code not in (0, STICKY_EXIT):
-            errors.append(f"pytest exited with status {code} before finishing")
-        return finished, None
-    why = ("the CUDA context was left unusable (see the message above)" if code == STICKY_EXIT
-           else f"the test process died (exit status {code}{_signal_name(code)})")
-    if running[0] not in done:
-        done[running[0]] = TestResult(running[0], "crashed", why)
-    return False, running[0]
+            record(TestResult(running[0], "timeout",
+                              f"still running after {test_timeout:.0f} s: killed "
+                              "(an infinite loop? a kernel that never returns?)",
+                              points.get(running[0], 1.0)))
+            return False, f"the test process was killed after {running[0]} timed out"
+        time.sleep(0.1)
+    if finished:
+        return True, "it was collected, but the test run did not reach it"
+    if running is None:
+        if code == STICKY_EXIT:
+            return False, "the CUDA context was left unusable"
+        errors.append(f"pytest exited with status {code}{_signal_name(code)} before finishing")
+        return False, f"pytest exited with status {code}"
+    why = (f"the test process died (exit status {code}{_signal_name(code)})")
+    record(TestResult(running[0], "crashed", why, points.get(running[0], 1.0)))
+    return False, why
 
 
 def _signal_name(code: int) -> str:
@@ -195,12 +280,12 @@ def _signal_name(code: int) -> str:
 def _read_events(path: Path, offset: int) -> tuple[int, list[dict]]:
     if not path.exists():
         return offset, []
-    with open(path) as f:
+    with open(path, "rb") as f:
         f.seek(offset)
         data = f.read()
-    complete = data[: data.rfind("\n") + 1]
-    events = [json.loads(line) for line in complete.splitlines() if line.strip()]
-    return offset + len(complete.encode()), events
+    complete = data[: data.rfind(b"\n") + 1]
+    events = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+    return offset + len(complete), events
 
 
 def _test_result(ev: dict, seconds: float) -> TestResult:
