@@ -14,7 +14,12 @@ becomes, in the skeleton,
 Python regions get that `raise` by default. C++/CUDA regions get only the comment, unless
 the marker names a stub after ` | ` (`// BEGIN SOLUTION: launch it | return "{todo}";`),
 where {todo} stands for the TODO message. So every skeleton compiles and fails with
-"TODO stage NN: ..." instead of crashing. `--check` reports skeletons out of sync.
+"TODO stage NN: ..." instead of crashing.
+
+The other files of a solution folder (the op module with its torch-native twin, the binding,
+wrappers) are given, not exercises: they are copied into the stage folder under a header that
+says so, so the stage folder is all a student reads. The grader never uses those copies; the
+resolver takes given files from solutions/. `--check` reports any generated file out of sync.
 """
 from __future__ import annotations
 
@@ -88,8 +93,38 @@ def expected_skeletons() -> dict[Path, str]:
     return files
 
 
+# Comment syntax by suffix: a given file of another kind is not copied (none exists yet).
+COMMENT = {".py": "#", ".cpp": "//", ".cu": "//", ".h": "//", ".cuh": "//"}
+
+
+def given_header(source: Path, comment: str) -> str:
+    rel = source.relative_to(manifest.ROOT)
+    return (f"{comment} GIVEN FILE: generated from {rel} by `nox -s sync-stages`.\n"
+            f"{comment} Read it; do not edit it. It is not graded (the grader uses the reference\n"
+            f"{comment} copy), and any edit here is overwritten.\n")
+
+
+def given_files(stage: manifest.Stage) -> list[Path]:
+    """The solution files of a stage that are not parts: copied into its folder, never graded."""
+    if not stage.solution_dir().is_dir():
+        return []
+    return [p for p in sorted(stage.solution_dir().iterdir())
+            if p.is_file() and p.name not in stage.parts and p.suffix in COMMENT]
+
+
+def expected_given() -> dict[Path, str]:
+    """Every given file that sync would write into stages/, with its text."""
+    return {stage.skeleton_dir() / src.name: given_header(src, COMMENT[src.suffix]) + src.read_text()
+            for stage in manifest.stages() for src in given_files(stage)}
+
+
+def expected_files() -> dict[Path, str]:
+    """Everything sync generates under stages/: skeletons and given files."""
+    return {**expected_skeletons(), **expected_given()}
+
+
 def out_of_sync() -> list[Path]:
-    return [p for p, text in expected_skeletons().items()
+    return [p for p, text in expected_files().items()
             if not p.exists() or p.read_text() != text]
 
 
@@ -131,9 +166,9 @@ def main(argv: list[str]) -> int:
             print("skeletons are generated from solutions/: run `nox -s sync-stages` "
                   "(or python3 -m grader.sync) and commit the result")
             return 1
-        print("every skeleton is in sync with its solution")
+        print("every skeleton and given file is in sync with its solution")
         return 0
-    for path, text in expected_skeletons().items():
+    for path, text in expected_files().items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

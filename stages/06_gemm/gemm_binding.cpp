@@ -1,0 +1,49 @@
+// GIVEN FILE: generated from solutions/06_gemm/gemm_binding.cpp by `nox -s sync-stages`.
+// Read it; do not edit it. It is not graded (the grader uses the reference
+// copy), and any edit here is overwritten.
+// torch.ops.tinyvllm.linear: checks, then the launcher in gemm.cu on torch's cuBLAS handle.
+#include <ATen/cuda/CUDAContext.h>
+
+#include "binding.h"
+
+tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
+                           cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
+                           int64_t tokens, int64_t in_features, int64_t out_features);
+
+namespace {
+
+cudaDataType_t cuda_dtype(at::ScalarType t) {
+  if (t == at::kBFloat16) return CUDA_R_16BF;
+  if (t == at::kHalf) return CUDA_R_16F;
+  TORCH_CHECK(t == at::kFloat, "linear: x must be bfloat16, float16 or float32, got ", t);
+  return CUDA_R_32F;
+}
+
+// x: [tokens, in], weight: [out, in] -> out: [tokens, out]; one dtype for all three.
+void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
+  const cudaDataType_t dtype = cuda_dtype(x.scalar_type());
+  tvllm::check_tensor(x, "x", x.scalar_type(), 2);
+  tvllm::check_tensor(weight, "weight", x.scalar_type(), 2);
+  // out is x's dtype, or float32 (for logits: no rounding of the float32 accumulator)
+  const at::ScalarType out_type = out.scalar_type() == at::kFloat ? at::kFloat : x.scalar_type();
+  tvllm::check_tensor(out, "out", out_type, 2);
+  tvllm::check_same_device(x, weight);
+  tvllm::check_same_device(x, out);
+  TORCH_CHECK(weight.size(1) == x.size(1), "linear: x has ", x.size(1),
+              " features but weight is [out, in] = ", weight.sizes(), " (in must match)");
+  TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), "linear: out must be [",
+              x.size(0), ", ", weight.size(0), "], got ", out.sizes());
+  c10::cuda::CUDAGuard guard(x.device());
+  // torch binds its handle to the current stream (and its workspace) when handing it out.
+  cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
+  tvllm::check_launch(launch_linear(handle, tvllm::stream(), dtype, cuda_dtype(out_type), x.data_ptr(),
+                                    weight.data_ptr(), out.data_ptr(), x.size(0), x.size(1),
+                                    weight.size(0)),
+                      "linear");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear);
+}

@@ -1,0 +1,57 @@
+# GIVEN FILE: generated from solutions/06_gemm/linear.py by `nox -s sync-stages`.
+# Read it; do not edit it. It is not graded (the grader uses the reference
+# copy), and any edit here is overwritten.
+"""Stage 06 op: a Linear layer without bias, y = x @ weight^T (torch.nn.functional.linear).
+
+Every projection of a Llama layer is one of these: q/k/v/o, gate/up/down, and the lm_head.
+The weight keeps torch's nn.Linear layout [out, in]; `linear` sends CUDA tensors to the
+cuBLAS call in gemm.cu and CPU tensors to `linear_native`.
+"""
+from __future__ import annotations
+
+import torch
+
+from course import parts
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    if x.dim() != 2 or weight.dim() != 2:
+        raise ValueError(f"linear: x must be [tokens, in] and weight [out, in], got shapes "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"linear: x has {x.shape[1]} features but weight is [out, in] = "
+                         f"{tuple(weight.shape)} (in must match)")
+
+
+def linear_native(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ weight^T in float32, rounded once to x's dtype (what the kernel computes).
+
+    x: [tokens, in], weight: [out, in], same dtype (bf16, fp16 or fp32), any device.
+    Returns y: [tokens, out] of x's dtype, written into `out` when given.
+    """
+    _check(x, weight)
+    y = (x.float() @ weight.float().t()).to(out_dtype or x.dtype)
+    if out is None:
+        return y
+    return out.copy_(y)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x @ weight^T: cuBLAS on CUDA tensors (gemm.cu), linear_native on CPU.
+
+    x: [tokens, in] bf16/fp16/fp32, weight: [out, in] same dtype, both contiguous.
+    out: optional [tokens, out] buffer (reuse it to time without allocating).
+    out_dtype: x's dtype (default) or torch.float32, which keeps the float32 accumulator:
+    the model's logits use it, so two scores closer than a bf16 step are not made equal.
+    Returns y: [tokens, out].
+    """
+    if not x.is_cuda:
+        return linear_native(x, weight, out, out_dtype)
+    _check(x, weight)
+    if out is None:
+        out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype,
+                          device=x.device)
+    parts.kernels().linear(x, weight, out)
+    return out

@@ -1,0 +1,48 @@
+// GIVEN FILE: generated from solutions/08_forward/argmax_binding.cpp by `nox -s sync-stages`.
+// Read it; do not edit it. It is not graded (the grader uses the reference
+// copy), and any edit here is overwritten.
+// torch.ops.tinyvllm.argmax: checks, then the launchers in argmax.cu.
+#include <climits>
+
+#include <cuda_bf16.h>
+
+#include "binding.h"
+
+tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
+                                int64_t vocab, cudaStream_t stream);
+tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
+                               cudaStream_t stream);
+
+namespace {
+
+// logits: [rows, vocab] bf16 or float32 -> out: [rows] int64, the index of each row's maximum
+void argmax(const at::Tensor& logits, at::Tensor& out) {
+  const auto dtype = logits.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat,
+              "logits must be bfloat16 or float32, got ", dtype);
+  tvllm::check_tensor(logits, "logits", dtype, 2);
+  tvllm::check_tensor(out, "out", at::kLong, 1);
+  tvllm::check_same_device(logits, out);
+  TORCH_CHECK(out.size(0) == logits.size(0), "out shape ", out.sizes(), " != [rows] = [",
+              logits.size(0), "]");
+  TORCH_CHECK(logits.size(0) <= INT_MAX, "at most ", INT_MAX, " rows (one block each), got ",
+              logits.size(0));
+  TORCH_CHECK(logits.size(0) == 0 || (logits.size(1) > 0 && logits.size(1) < INT_MAX / 2),
+              "the vocabulary must have between 1 and ", INT_MAX / 2, " entries, got ",
+              logits.size(1));
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto status =
+      dtype == at::kBFloat16
+          ? launch_argmax_bf16(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()),
+                               out.data_ptr<int64_t>(), logits.size(0), logits.size(1),
+                               tvllm::stream())
+          : launch_argmax_f32(logits.data_ptr<float>(), out.data_ptr<int64_t>(), logits.size(0),
+                              logits.size(1), tvllm::stream());
+  tvllm::check_launch(status, "argmax");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("argmax(Tensor logits, Tensor(a!) out) -> ()", &argmax);
+}
