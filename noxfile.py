@@ -49,11 +49,21 @@ def _run(session: nox.Session, *args: str, success_codes=(0,)) -> None:
 
 @nox.session
 def grade(session: nox.Session) -> None:
-    """Grade a stage: nox -s grade -- 07 [--cumulative | --solution] [--json F] [--junit F].
+    """Grade a stage: nox -s grade -- 07 [--cumulative | --solution] [--json F] [--junit F];
+    `all` grades every stage and prints the course map, `next` finds your next stage.
     (python3 -m grader 07 ...; `class DIR` grades a whole class, `list` lists the stages.)"""
     if not session.posargs:
         session.error("which stage? e.g. nox -s grade -- 01   (nox -s grade -- list shows them)")
     _run(session, "-m", "grader", *session.posargs)
+
+
+@nox.session
+def reset(session: nox.Session) -> None:
+    """Restore a stage's skeleton: nox -s reset -- 07. Your files are first copied to
+    backups/07_attention-<time>/ (python3 -m grader reset 07)."""
+    if not session.posargs:
+        session.error("which stage? e.g. nox -s reset -- 07")
+    _run(session, "-m", "grader", "reset", *session.posargs)
 
 
 @nox.session

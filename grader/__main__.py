@@ -3,6 +3,9 @@
     python3 -m grader NN                 grade your stage NN (reference for every other stage)
     python3 -m grader NN --cumulative    grade NN using your stages 01..NN together
     python3 -m grader NN --solution      grade the reference solution itself
+    python3 -m grader all                grade every available stage, then the course map
+    python3 -m grader next               the first stage without full marks, with its report
+    python3 -m grader reset NN           restore stage NN's skeleton (your files are backed up)
     python3 -m grader list               the stages, from the manifest
     python3 -m grader class DIR          grade every student directory under DIR
     python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks
@@ -33,7 +36,9 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
 
 def grade_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python3 -m grader", description="Grade one stage.")
-    p.add_argument("stage", help="stage id, e.g. 01 or 7 or 07_attention")
+    p.add_argument("stage", help="stage id, e.g. 01 or 7 or 07_attention; `all` grades every "
+                                 "stage and prints the course map; `next` finds the first stage "
+                                 "without full marks and shows its report")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--cumulative", action="store_true",
                       help="use your parts of stages 01..NN, not only NN")
@@ -42,21 +47,56 @@ def grade_main(argv: list[str]) -> int:
                    help="directory holding your NN_name/ stage folders (default: stages/)")
     _grade_args(p)
     args = p.parse_args(argv)
+    if args.stage in ("all", "next"):
+        return course_main(args)
     stage = manifest.find_ready(args.stage)
-    if args.solution:
-        ids: list[str] = []
-    elif args.cumulative:
-        ids = [s.id for s in manifest.upto(stage) if s.ready]
-    else:
-        ids = [stage.id]
-    result = runner.run_stage(stage, ids, args.student_root, args.extra_tests, args.timeout,
-                              args.verbose, listener=report.LivePrinter())
+    result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
+                              args.extra_tests, args.timeout, args.verbose,
+                              listener=report.LivePrinter())
     print("\n".join(report.footer(result)))
-    if args.json:
-        report.write_json(args.json, [report.as_dict(result)])
-    if args.junit:
-        report.write_junit(args.junit, [("", result)])
+    _write_reports(args, [result])
     return 0 if result.full_marks else 1
+
+
+def _student_ids(stage: manifest.Stage, args: argparse.Namespace) -> list[str]:
+    """Whose parts stand for which stage: the student's NN (or 01..NN), or none."""
+    if args.solution:
+        return []
+    if args.cumulative:
+        return [s.id for s in manifest.upto(stage) if s.ready]
+    return [stage.id]
+
+
+def _write_reports(args: argparse.Namespace, results: list[runner.StageResult]) -> None:
+    if args.json:
+        report.write_json(args.json, [report.as_dict(r) for r in results])
+    if args.junit:
+        report.write_junit(args.junit, [("", r) for r in results])
+
+
+def course_main(args: argparse.Namespace) -> int:
+    """`all`: every ready stage, then the course map. `next`: stages in order until the first
+    one that is not done, whose full report is shown. Without a GPU a stage whose only misses
+    are 'not graded' kernel tests counts as done here (it cannot do better on this machine)."""
+    results: list[runner.StageResult] = []
+    for stage in (s for s in manifest.stages() if s.ready):
+        print(f"grading stage {stage.id} ({stage.dir})...", end=" ", flush=True)
+        result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
+                                  args.extra_tests, args.timeout, args.verbose)
+        results.append(result)
+        print(report.score_line(result), flush=True)
+        if args.stage == "next" and not report.done_here(result):
+            print("\n" + report.render(result))
+            print(f"\nNext: stage {stage.id}, {stage.title}. "
+                  f"The lesson is stages/{stage.dir}/README.md; "
+                  f"grade it alone with `nox -s grade -- {stage.id}`.")
+            _write_reports(args, results)
+            return 1
+    print("\n" + report.course_map(results))
+    if args.stage == "next":
+        print("\nEvery available stage is done on this machine.")
+    _write_reports(args, results)
+    return 0 if all(r.full_marks for r in results) else 1
 
 
 def list_main(argv: list[str]) -> int:
@@ -68,46 +108,15 @@ def list_main(argv: list[str]) -> int:
 
 
 def class_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m grader class",
-                                description="Grade a class: every directory under SUBMISSIONS is "
-                                            "one student (a clone of the course repo, or a "
-                                            "folder of NN_name/ stage directories).")
-    p.add_argument("submissions", type=Path)
-    p.add_argument("--stages", default=None,
-                   help="comma-separated stage ids (default: every available stage)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="one row per student, a column per stage")
-    _grade_args(p)
-    args = p.parse_args(argv)
-    if not args.submissions.is_dir():
-        raise manifest.UnknownStage(f"{args.submissions} is not a directory of submissions")
-    chosen = ([manifest.find_ready(x) for x in args.stages.split(",")] if args.stages
-              else [s for s in manifest.stages() if s.ready])
-    rows, suites, records = [], [], []
-    for student in sorted(d for d in args.submissions.iterdir() if d.is_dir()):
-        root = student / "stages" if (student / "stages").is_dir() else student
-        row = {"student": student.name}
-        for stage in chosen:
-            result = runner.run_stage(stage, [stage.id], root, args.extra_tests, args.timeout,
-                                      args.verbose)
-            row[f"stage_{stage.id}"] = f"{result.score:g}"
-            suites.append((f"{student.name} ", result))
-            records.append({"student": student.name, **report.as_dict(result)})
-            print(f"{student.name:<24} stage {stage.id}: {result.score:g}/{stage.points}")
-        row["total"] = f"{sum(float(row[f'stage_{s.id}']) for s in chosen):g}"
-        rows.append(row)
-    if args.csv:
-        report.write_csv(args.csv, rows)
-    if args.json:
-        report.write_json(args.json, records)
-    if args.junit:
-        report.write_junit(args.junit, suites)
-    return 0
+    """Grade a whole class, each student sandboxed and judged apart (grader/classroom/)."""
+    from grader.classroom import cli
+    return cli.main(argv)
 
 
 def main(argv: list[str]) -> int:
     commands = {"list": list_main, "class": class_main}
     try:
-        if argv and argv[0] in ("verify", "compile-check"):
+        if argv and argv[0] in ("verify", "compile-check", "reset"):
             module = importlib.import_module("grader." + argv[0].replace("-", "_"))
             return module.main(argv[1:])
         if argv and argv[0] in commands:

@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TextIO
 
+from course import manifest
 from grader.pytest_plugin import BUILD_FAILED
 from grader.runner import Listener, StageResult, TestResult
 
@@ -77,8 +78,7 @@ def footer(result: StageResult, details: int = 12) -> list[str]:
     if len(groups) > details:
         out.append(f"\n({len(groups) - details} more failures not shown; see --json)")
     counts = result.counts()
-    summary = ", ".join(f"{n} {LABELS.get(k, k)}" for k, n in sorted(counts.items()))
-    out += ["", f"Score: {result.score:g}/{result.stage.points}  ({summary or 'no tests ran'})"]
+    out += ["", f"Score: {score_line(result)}"]
     if counts.get("not_graded"):
         out.append("  Tests marked 'not graded' need a CUDA GPU; they count zero here. "
                    "Grade again on a machine with one for full marks.")
@@ -122,6 +122,45 @@ class LivePrinter(Listener):
 
     def test_done(self, test: TestResult) -> None:
         self._print(test_lines(test, self.width))
+
+
+def summary(result: StageResult) -> str:
+    """'50 passed, 14 not graded: no CUDA device' (counts by outcome)."""
+    return ", ".join(f"{n} {LABELS.get(k, k)}" for k, n in sorted(result.counts().items()))
+
+
+def score_line(result: StageResult) -> str:
+    errors = f", {len(result.errors)} collection error(s)" if result.errors else ""
+    return f"{result.score:g}/{result.stage.points}  ({summary(result) or 'no tests ran'}{errors})"
+
+
+def done_here(result: StageResult) -> bool:
+    """Everything this machine can grade passed (kernel tests may be 'not graded' without a GPU)."""
+    return (not result.errors and bool(result.tests)
+            and all(t.outcome in ("passed", "not_graded") for t in result.tests))
+
+
+def course_map(results: list[StageResult]) -> str:
+    """Every stage of the course in order, with the score of those graded."""
+    graded = {r.stage.id: r for r in results}
+    rows = [("stage", "score", "title")]
+    for stage in manifest.stages():
+        r = graded.get(stage.id)
+        if r is None:
+            score = "planned" if not stage.ready else "-"
+        else:
+            mark = "full marks" if r.full_marks else ("done here" if done_here(r) else "")
+            score = f"{r.score:g}/{stage.points}" + (f" {mark}" if mark else "")
+        rows.append((stage.dir, score, stage.title))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines = [f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
+    total = sum(r.score for r in results)
+    lines.append(f"\n  total: {total:g}/{sum(r.stage.points for r in results)} over "
+                 f"{len(results)} available stage(s)")
+    if any(r.counts().get("not_graded") for r in results):
+        lines.append("  'done here': every test this machine can grade passed; the kernel tests "
+                     "need a CUDA GPU for full marks.")
+    return "\n".join(["Course map"] + lines)
 
 
 def as_dict(result: StageResult) -> dict:
