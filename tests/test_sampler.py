@@ -122,6 +122,16 @@ def test_noise_depends_on_seed_step_and_index_only():
                         what="noise of the first 64 tokens with a vocabulary of 1000")
 
 
+@pytest.mark.gpu
+def test_noise_on_cuda_equals_noise_on_cpu():
+    # Integer hashing and an exact int -> float conversion: bit for bit on any device, so a
+    # seeded request draws the same numbers on the CPU and on the GPU.
+    seeds, steps = torch.tensor([0, -1, 12345, 2**62]), torch.tensor([0, 9, 2**40, 3])
+    cpu = S.uniform_noise(seeds, steps, 70_000)
+    cuda = S.uniform_noise(seeds.cuda(), steps.cuda(), 70_000)
+    checks.assert_equal(cuda.cpu(), cpu, what="uniform noise, CUDA vs CPU")
+
+
 # ---------------------------------------------------------------- greedy rows
 
 def tie_heavy_logits(rows_: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
@@ -230,6 +240,11 @@ def test_rows_without_a_filter_are_not_cut_in_a_filtered_batch():
     # Row 1 for contrast: top_k=2 keeps 3.0 and 2.0 (renormalized 0.73, 0.27); top_p=0.8 both.
     cut = S.filter_mask(logits, torch.tensor([0, 2]), torch.tensor([1.0, 0.8]))
     assert cut.tolist() == [[False] * 4, [True, True, False, False]]
+
+
+def test_top_k_beyond_the_vocabulary_cuts_nothing():
+    cut = S.filter_mask(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([10]), torch.tensor([1.0]))
+    assert cut.tolist() == [[False, False, False]]
 
 
 def test_top_p_measures_what_top_k_left():

@@ -13,11 +13,11 @@ The draw is the Gumbel-max trick: with u_i uniform in (0, 1) and g_i = -log(-log
 
     argmax_i (log p_i + g_i)  is distributed exactly as  p
 
-(the largest of independent Gumbels shifted by log p_i is the i-th with probability p_i,
-the same fact that makes softmax the distribution of a noisy argmax). Adding a constant to every log p_i changes nothing, so the scaled logits
-logits / T stand in for log p and no softmax is needed, and a token removed by top-k/top-p
-is simply set to -inf. The whole draw is elementwise work and one argmax per row: no
-multinomial, no host round trip.
+(the largest of independent Gumbels shifted by log p_i is the i-th with probability p_i:
+softmax is exactly the distribution of a Gumbel-noised argmax). Adding one constant to every
+log p_i changes nothing, so the scaled logits logits / T stand in for log p (no softmax
+needed), and a token removed by top-k/top-p is simply set to -inf. The whole draw is
+elementwise work and one argmax per row: no multinomial, no host round trip.
 
 Why a hash and not torch.Generator: the noise u_i of a row is a pure function of (seed, step,
 i) -- splitmix64's mixer applied to a counter -- not the next numbers of a stream that the
