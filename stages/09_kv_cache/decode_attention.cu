@@ -1,0 +1,250 @@
+// Stage 09 kernel: decode attention, one new query token per sequence against its KV cache.
+//
+//     out[b, h] = sum_j softmax_j(scale * q[b, h] . K[j]) V[j],   j < context_lens[b],
+//     K = k_cache[seq_slots[b], :, g],  V = v_cache[seq_slots[b], :, g],  g = h / (n_heads / n_kv)
+//
+// Decoding reads the whole cache of every sequence once per token and does two multiply-adds
+// per element read: it is memory-bound, and the only goal is to read K and V once, at full
+// bandwidth. So one block serves one (sequence, KV head) and computes EVERY query head of that
+// KV head's group (4 for Llama-3.2-1B, 3 for SmolLM2): K and V cross the memory bus once, not
+// once per query head.
+//
+// Work split (head_dim 64): a key is 64 bf16 = 128 bytes = eight 16-byte chunks, so 8 lanes
+// ("a lane group") share a key, each owning 8 dimensions; a warp reads 4 keys at once, and
+// each lane issues the loads of kUnroll keys before it uses any (several loads in flight per
+// lane hide the memory latency). Per key, a lane's 8-term dot product with q is summed over
+// its lane group with shuffles; then each query head's score goes through an ONLINE softmax:
+// every lane group keeps, per head, the running maximum m, the running sum l = sum exp(s - m)
+// and the accumulator o = sum exp(s - m) v over the keys it has seen. When a larger score
+// arrives, m grows to m' and the old l and o are multiplied by exp(m - m') first, so nothing
+// is ever stored per key and the context has no length limit. At the end the 4 lane groups of
+// a warp merge their (m, l, o) with shuffles, the warps merge theirs through shared memory,
+// and out = o / l.
+// head_dim 128 uses 16 lanes per key (2 keys per warp step); any other multiple of 8 up to
+// 128 rounds its chunk count up to a power of two (lanes past the head's end load nothing).
+// Math is float32; softmax runs in base 2 (scale * log2 e is folded into q; exp2f is one
+// instruction). A context length of 0 is a padding row: its output is zeros (its slot is not
+// looked at). A slot outside [0, num_slots) or a length outside [0, max_len] is never read:
+// that row's output is NaN (the kernel cannot raise, and the binding must not read device
+// memory, so that a decode step can be captured in a CUDA graph).
+// Reference: decode_attention.py (decode_attention_native). Run: nox -s grade -- 09
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstdint>
+
+#include "tvllm.h"
+#include "vec.cuh"
+
+namespace {
+
+constexpr int kMaxHeadDim = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  const __nv_bfloat16* q;        // [batch, n_heads, head_dim], rows q_stride apart
+  const __nv_bfloat16* k;        // [num_slots, max_len, n_kv_heads, head_dim], contiguous
+  const __nv_bfloat16* v;        // same shape as k
+  __nv_bfloat16* out;            // [batch, n_heads, head_dim], contiguous
+  const int32_t* seq_slots;      // [batch]: the cache slot of each sequence
+  const int32_t* context_lens;   // [batch]: keys to attend (0 = padding row)
+  int64_t q_stride;              // elements from one sequence's q row to the next
+  int n_heads, n_kv_heads, head_dim;
+  int group;                     // n_heads / n_kv_heads: query heads per KV head
+  int head_chunks;               // blocks per KV head: ceil(group / kG)
+  int num_slots, max_len;
+  float scale_log2;              // scale * log2(e)
+};
+
+// The most threads a block of this kernel may have. A block keeps per query head 8 q values,
+// 8 accumulators, m and l in registers (18 per head), so 8-head groups need more registers
+// per thread: fewer threads per block.
+__host__ __device__ constexpr int max_threads(int kG) { return kG > 4 ? 256 : 512; }
+
+// Keys whose loads each lane issues before it computes with any of them.
+__host__ __device__ constexpr int unroll(int kG) { return kG > 4 ? 2 : 4; }
+
+using BF8 = Pack<__nv_bfloat16, 8>;  // 16 bytes: 8 dimensions of one head
+
+// The 16 bytes at src (8 bf16, one load) when `ok`, else zeros (src is then not touched).
+// Kept as raw bits until used: 4 registers, where 8 separate bf16 would take 8.
+__device__ __forceinline__ uint4 load_or_zero(const __nv_bfloat16* src, bool ok) {
+  return ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+__device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
+  const BF8& x = reinterpret_cast<const BF8&>(raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_float(x.v[e]);
+}
+
+// The sum of x over an aligned group of `lanes` lanes (a power of two, at most 32); every
+// lane of the group gets the same value (a butterfly: each step adds the partner's partial).
+__device__ __forceinline__ float group_sum(float x, int lanes) {
+  // TODO stage 09: xor-shuffle butterfly over offsets lanes/2, lanes/4, ..., 1 (about 3 lines)
+  return 0.f;
+}
+
+// One query head's online-softmax state (m, l, o) takes in kU new scores s[u] (already in
+// base 2; -inf for keys past the context) and their value chunks vf[u] (zeros for those).
+// An all -inf state (no key seen yet) must stay zeros, not become NaN: exp2(-inf - -inf).
+template <int kU>
+__device__ __forceinline__ void online_update(float& m, float& l, float (&o)[8],
+                                              const float (&s)[kU], const float (&vf)[kU][8]) {
+  // TODO stage 09: new max; rescale l and o by exp2(m - m_new); add p = exp2(s - m_new) and p * v (about 16 lines)
+}
+
+// Merge another state (m2, l2, o2) of the same head -- other keys -- into (m, l, o).
+__device__ __forceinline__ void merge_state(float& m, float& l, float (&o)[8], float m2,
+                                            float l2, const float (&o2)[8]) {
+  // TODO stage 09: both states rescaled to the larger max (an all -inf state weighs 0) (about 7 lines)
+}
+
+// kD: head_dim, or 0 to read it from p.head_dim (a multiple of 8 up to 128).
+// kG: the query heads a block computes (the GQA group, or a chunk of at most kG of it).
+template <int kD, int kG>
+__global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Params p) {
+  constexpr int kU = unroll(kG);
+  const int d = kD ? kD : p.head_dim;
+  const int chunks = d / 8;  // 16-byte pieces of one head's row
+  int lanes = kD ? kD / 8 : 1;  // lanes per key: chunks rounded up to a power of two
+  if (!kD)
+    while (lanes < chunks) lanes *= 2;
+  const int keys_per_step = 32 / lanes;  // keys a warp reads with one load instruction
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int key_in_step = lane / lanes;  // which of those keys this lane reads
+  const int c = lane % lanes;            // which 16-byte chunk of it
+  const bool has_chunk = c < chunks;
+
+  const int b = blockIdx.x;
+  // TODO stage 09: this block's KV head, its first query head h0 and how many it computes (n_here) (about 4 lines)
+  const int kv_head = 0, h0 = 0, n_here = 0;
+  __nv_bfloat16* out = p.out + (static_cast<int64_t>(b) * p.n_heads + h0) * d;
+
+  // A padding row (length 0; its slot is not looked at) gets zeros; a row whose slot or
+  // length would read outside the cache gets NaN. The whole block leaves together.
+  const int len = p.context_lens[b];
+  const int slot = p.seq_slots[b];
+  const bool bad = len != 0 && (slot < 0 || slot >= p.num_slots || len < 0 || len > p.max_len);
+  if (bad || len == 0) {
+    const __nv_bfloat16 fill = bad ? __float2bfloat16(NAN) : __float2bfloat16(0.f);
+    for (int i = threadIdx.x; i < n_here * d; i += blockDim.x) out[i] = fill;
+    return;
+  }
+
+  // This lane's 8 dimensions of each query head, pre-multiplied by scale * log2(e).
+  float q[kG][8];
+#pragma unroll
+  for (int i = 0; i < kG; ++i) {
+    // heads past the group and lanes past the head's end hold zeros
+    const __nv_bfloat16* src = p.q + b * p.q_stride + static_cast<int64_t>(h0 + i) * d + c * 8;
+    widen8(load_or_zero(src, i < n_here && has_chunk), q[i]);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[i][e] *= p.scale_log2;
+  }
+
+  // This lane group's online-softmax state per head, over the keys it has seen.
+  float m[kG], l[kG], o[kG][8];
+#pragma unroll
+  for (int i = 0; i < kG; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[i][e] = 0.f;
+  }
+
+  // Key j of this sequence and KV head is k_cache[slot, j, kv_head, :]: rows key_stride apart.
+  const int64_t key_stride = static_cast<int64_t>(p.n_kv_heads) * d;
+  const int64_t start = static_cast<int64_t>(slot) * p.max_len * key_stride +
+                        static_cast<int64_t>(kv_head) * d + c * 8;
+  const __nv_bfloat16* kp = p.k + start;
+  const __nv_bfloat16* vp = p.v + start;
+
+  // Warp w takes steps w, w + warps, ...; a step is kU * keys_per_step consecutive keys, and
+  // this lane reads keys j0 + u * keys_per_step + key_in_step. The loop bound is the same for
+  // every lane of a warp, so all 32 lanes reach each shuffle together.
+  const int step = kU * keys_per_step;
+  // TODO stage 09: per step: kU K and V loads (zeros past len), dot products, group sums, -inf past len, online_update per head (about 30 lines)
+
+  // The lane groups of a warp saw different keys: merge them (partners share chunk c).
+  // TODO stage 09: xor shuffles at offsets lanes, 2 * lanes, ..., 16 on m, l and o; merge_state (about 11 lines)
+
+  // Then the warps, through shared memory: o as [warps][kG][d], then m and l as [warps][kG].
+  extern __shared__ float4 smem4[];
+  float* s_o = reinterpret_cast<float*>(smem4);
+  float* s_m = s_o + warps * kG * d;
+  float* s_l = s_m + warps * kG;
+  if (key_in_step == 0 && has_chunk) {
+    float4* dst = reinterpret_cast<float4*>(s_o + (warp * kG) * d + c * 8);
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      dst[i * d / 4] = make_float4(o[i][0], o[i][1], o[i][2], o[i][3]);
+      dst[i * d / 4 + 1] = make_float4(o[i][4], o[i][5], o[i][6], o[i][7]);
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      s_m[warp * kG + i] = m[i];
+      s_l[warp * kG + i] = l[i];
+    }
+  }
+  __syncthreads();
+
+  // One thread per (head, 16-byte chunk) of the output: merge the warps, divide, round once.
+  // TODO stage 09: merge the warps' states (merge_state), then out = o / l as 8 bf16 in one 16-byte store (about 15 lines)
+}
+
+template <int kD, int kG>
+tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
+  // TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 16 lines)
+  return "TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 16 lines)";
+}
+
+// Query heads per block: the group itself for the common sizes; 5..8 are padded to 8 (the
+// extra heads compute on zeros and are not written); larger groups are split in chunks of 8.
+template <int kD>
+tvllm_status launch_group(Params p, int batch, cudaStream_t stream) {
+  const int kg = p.group <= 4 ? p.group : 8;
+  p.head_chunks = static_cast<int>(tvllm_ceil_div(p.group, kg));
+  switch (kg) {
+    case 1: return launch<kD, 1>(p, batch, stream);
+    case 2: return launch<kD, 2>(p, batch, stream);
+    case 3: return launch<kD, 3>(p, batch, stream);
+    case 4: return launch<kD, 4>(p, batch, stream);
+    default: return launch<kD, 8>(p, batch, stream);
+  }
+}
+
+}  // namespace
+
+// q: [batch, n_heads, head_dim] bf16, each row's heads contiguous, rows q_stride elements
+// apart (a multiple of 8), 16-byte aligned (it may be a view of a fused QKV tensor).
+// k_cache, v_cache: [num_slots, max_len, n_kv_heads, head_dim] bf16, contiguous.
+// seq_slots, context_lens: [batch] int32 on the device (never read by the host: a decode step
+// must be capturable in a CUDA graph). out: [batch, n_heads, head_dim] bf16, contiguous.
+tvllm_status launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+                                     void* out, const int32_t* seq_slots,
+                                     const int32_t* context_lens, int batch, int64_t q_stride,
+                                     int n_heads, int n_kv_heads, int head_dim, int num_slots,
+                                     int max_len, float scale, cudaStream_t stream) {
+  if (batch == 0 || n_heads == 0) return TVLLM_OK;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
+  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > kMaxHeadDim)
+    return "head_dim must be a multiple of 8, at most 128 (64 and 128 have tuned kernels)";
+  if (q_stride % 8 != 0) return "q's row stride must be a multiple of 8 elements (16 bytes)";
+  if (num_slots < 0 || max_len < 0) return "the cache must have non-negative sizes";
+  const int group = n_heads / n_kv_heads;
+  if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, 8) > 65535)
+    return "too many KV heads: at most 65535 blocks per sequence";
+  const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
+                 static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
+                 seq_slots, context_lens, q_stride, n_heads, n_kv_heads, head_dim, group,
+                 /*head_chunks=*/1, num_slots, max_len, scale * kLog2e};
+  switch (head_dim) {
+    case 64: return launch_group<64>(p, batch, stream);
+    case 128: return launch_group<128>(p, batch, stream);
+    default: return launch_group<0>(p, batch, stream);
+  }
+}
