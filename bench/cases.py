@@ -1,4 +1,4 @@
-"""The benchmark cases: each op of stages 03-08 at Llama-3.2-1B sizes beside its torch twin."""
+"""The benchmark cases: each op of stages 03-09 at Llama-3.2-1B sizes beside its torch twin."""
 from __future__ import annotations
 
 import inspect
@@ -22,6 +22,7 @@ EPS = 1e-5
 ROPE_POSITIONS = 8192
 TOKENS = (1, 64, 4096)
 ATTENTION_SHAPES = ((1, 4096), (8, 512))     # (sequences, tokens each)
+DECODE_SHAPES = ((64, 1024), (1, 8192))      # (sequences, context length of each)
 
 Outputs = tuple[torch.Tensor, ...]
 
@@ -324,6 +325,54 @@ def attention_cases(ops: Ops) -> Iterator[Case]:
                    via="07/attention.py prefill_attention", skip=None if ours else why)
 
 
+def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                 upcast: bool = False) -> torch.Tensor:
+    """One query token per sequence over the whole cache, slot b = sequence b (all full).
+
+    k_cache[b] is [S, KV, d]; transposed it is [KV, S, d], a view: SDPA reads the cache in
+    place, as our kernel does. upcast: the float32 oracle with K/V expanded to every head.
+    """
+    qb = q[:, :, None, :]                                           # [B, H, 1, d]
+    kb, vb = k_cache.transpose(1, 2), v_cache.transpose(1, 2)       # [B, KV, S, d]
+    if upcast:
+        group = N_HEADS // N_KV_HEADS
+        kb = kb.float().repeat_interleave(group, dim=1)
+        vb = vb.float().repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(qb.float(), kb, vb, scale=scale).to(q.dtype)
+    else:
+        o = F.scaled_dot_product_attention(qb, kb, vb, scale=scale, enable_gqa=True)
+    return o[:, :, 0, :]
+
+
+def decode_attention_cases(ops: Ops) -> Iterator[Case]:
+    """Stage 09's decode step: every sequence's whole K/V cache is read once per token.
+
+    GB/s counts the K and V bytes read (q and out are under 0.5% of them): the issue's target
+    is 80% of the copy bandwidth at 64 x 1024. Sequence b owns slot b and every slot is full,
+    so torch's SDPA (enable_gqa) reads the same cache through views, with no gather copy.
+    """
+    fn, why = ops.get("09", "decode_attention", "decode_attention")
+    scale = HEAD_DIM ** -0.5
+    for B, S in DECODE_SHAPES:
+        def make_set(g, B=B, S=S):
+            return {"q": _gen_randn((B, N_HEADS, HEAD_DIM), g),
+                    "k": _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g),
+                    "v": _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g)}
+        slots = torch.arange(B, dtype=torch.int32, device=DEVICE)
+        lens = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+        out = torch.empty(B, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        ours = None
+        if fn is not None:
+            ours = (lambda s, slots=slots, lens=lens, out=out:
+                    fn(s["q"], s["k"], s["v"], slots, lens, scale, out=out))
+        kv_bytes = 2 * B * S * N_KV_HEADS * HEAD_DIM * 2
+        yield Case("decode_attention", f"{B}x{S}", kv_bytes, make_set,
+                   torch_fn=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale),
+                   reference=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale, upcast=True),
+                   ours_fn=ours, outs=[out] if ours else [],
+                   via="09/decode_attention.py decode_attention", skip=None if ours else why)
+
+
 FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "embedding": embedding_cases,
     "rmsnorm": rmsnorm_cases,
@@ -333,5 +382,6 @@ FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "argmax": argmax_cases,
     "linear": linear_cases,
     "attention": attention_cases,
+    "decode_attention": decode_attention_cases,
 }
 

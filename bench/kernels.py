@@ -1,4 +1,4 @@
-"""Kernel benchmark: every op of stages 03-08 beside its torch equivalent, at Llama-3.2-1B sizes.
+"""Kernel benchmark: every op of stages 03-09 beside its torch equivalent, at Llama-3.2-1B sizes.
 
     python3 -m bench.kernels [--json FILE] [--quick]
 
