@@ -1,8 +1,8 @@
 """pytest plugin for the grader's child processes: one JSON line per test, written as it ends.
 
-The grader first runs a child with `--collect-only`, which writes the fixed list of tests
-(`collected`); then children that run the tests named in a file (TINYVLLM_SELECT, exact node
-ids, in collection order). The grader reads the results file while a child runs, so a test
+A child first writes the list of tests it collected (`collected`, before any test runs: the
+grader fixes that list); a child restarted after a crash runs exactly the tests named in a
+file (TINYVLLM_SELECT: node ids, matched exactly, never as prefixes). The grader reads the results file while a child runs, so a test
 that hangs or crashes the process (a kernel that corrupts the CUDA context, a segfault) is
 known by name, and the remaining tests run in a fresh process.
 

@@ -1,7 +1,7 @@
 """Run one stage's tests in child processes, with a time limit per test, and score them.
 
-First a child collects the tests (`pytest --collect-only`): that list is fixed before anything
-runs, and the score divides by it. Then a child runs them with grader.pytest_plugin, which
+A child runs pytest with grader.pytest_plugin, which first writes the list of tests it
+collected, before any test runs: that list is fixed, and the score divides by it. Then it
 writes one line per test as it ends. When a test hangs past the limit, or crashes the child (a
 segfault, a CUDA error that poisons the context), that test is recorded as such and a fresh
 child runs exactly the tests that have not reported yet. A collected test that never reports
@@ -155,7 +155,7 @@ class _Child:
                     "--continue-on-collection-errors", "--tb=short" if verbose else "--tb=line"]
         self.runs = 0
 
-    def start(self, extra: list[str], select: list[str] | None) -> tuple[subprocess.Popen, Path]:
+    def start(self, select: list[str] | None) -> tuple[subprocess.Popen, Path]:
         self.runs += 1
         results = self.tmp / f"results-{self.runs}.jsonl"
         env = {**self.env, RESULTS_ENV: str(results)}
@@ -165,7 +165,7 @@ class _Child:
             chosen.write_text("\n".join(select) + "\n")
             env[SELECT_ENV] = str(chosen)
         out = None if self.verbose else subprocess.DEVNULL
-        proc = subprocess.Popen(self.cmd + extra, env=env, cwd=manifest.ROOT, stdout=out,
+        proc = subprocess.Popen(self.cmd, env=env, cwd=manifest.ROOT, stdout=out,
                                 stderr=out, start_new_session=True)
         return proc, results
 
@@ -176,72 +176,78 @@ def run_tests(paths: list[Path], student_ids: list[str], student_root: Path | No
               listener: Listener | None = None) -> tuple[list[TestResult], list[str]]:
     """Collect the tests under `paths`, then run them in child processes until every one has a
     result; return the results in collection order and any collection errors."""
-    listener = listener or Listener()
     env = {**os.environ, **parts.selection_env(student_ids, student_root)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(manifest.ROOT), env.get("PYTHONPATH")]))
+    run = _Run(listener or Listener())
     with tempfile.TemporaryDirectory(prefix="tinyvllm-grade-") as tmp:
         child = _Child(paths, env, Path(tmp), verbose, pytest_args)
-        collected, errors = _collect(child, test_timeout)
-        listener.collected(collected)
-        done: dict[str, TestResult] = {}
-        points = {t.name: t.points for t in collected}
+        # The first child runs everything; it reports what it collected before any test runs,
+        # and that list is fixed. Later children run exactly the tests not yet reported.
+        select: list[str] | None = None
         why_stopped = ""
-        while remaining := [t.name for t in collected if t.name not in done]:
-            before = len(done)
-            finished, why_stopped = _run_child(child, remaining, points, test_timeout, done,
-                                               errors, listener)
-            if finished or len(done) == before:
+        while True:
+            before = len(run.done)
+            finished, why_stopped = _run_child(child, select, test_timeout, run)
+            if run.collected is None:
+                run.errors.append("pytest stopped before it had collected the tests "
+                                  f"({why_stopped}); run with -v to see its output")
+                return [], run.errors
+            select = run.remaining()
+            if finished or not select or len(run.done) == before:
                 break  # a child that finished, or ran nothing, would not do better again
-        for name in (t.name for t in collected if t.name not in done):
-            done[name] = TestResult(name, "not_run", "never reported a result"
-                                    + (f" ({why_stopped})" if why_stopped else ""), points[name])
-            listener.test_done(done[name])
-    return [done[t.name] for t in collected], errors
+        for name in run.remaining():
+            run.record(TestResult(name, "not_run", "never reported a result"
+                                  + (f" ({why_stopped})" if why_stopped else ""),
+                                  run.points[name]))
+        return [run.done[t.name] for t in run.collected], run.errors
 
 
-def _collect(child: _Child, test_timeout: float) -> tuple[list[TestResult], list[str]]:
-    """The fixed list of tests (not yet run), and the collection errors."""
-    proc, results = child.start(["--collect-only"], None)
-    try:
-        code = proc.wait(timeout=max(test_timeout, 60.0))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return [], [f"collecting the tests took longer than {max(test_timeout, 60.0):.0f} s"]
-    _, events = _read_events(results, 0)
-    tests = [TestResult(t["test"], "not_run", points=t["points"])
-             for ev in events if ev["event"] == "collected" for t in ev["tests"]]
-    errors = [f"could not collect {ev['test']}:\n{ev['message']}"
-              for ev in events if ev["event"] == "collect_error"]
-    if not any(ev["event"] == "collected" for ev in events):
-        errors.append(f"pytest could not collect the tests (exit status {code}"
-                      f"{_signal_name(code)}); run with -v to see its output")
-    return tests, errors
+class _Run:
+    """The state of one grading run across its child processes."""
+
+    def __init__(self, listener: Listener):
+        self.listener = listener
+        self.collected: list[TestResult] | None = None
+        self.points: dict[str, float] = {}
+        self.done: dict[str, TestResult] = {}
+        self.errors: list[str] = []
+
+    def set_collected(self, tests: list[dict]) -> None:
+        if self.collected is None:  # only the first child's collection counts
+            self.collected = [TestResult(t["test"], "not_run", points=t["points"]) for t in tests]
+            self.points = {t.name: t.points for t in self.collected}
+            self.listener.collected(self.collected)
+
+    def remaining(self) -> list[str]:
+        return [t.name for t in self.collected or [] if t.name not in self.done]
+
+    def record(self, test: TestResult) -> None:
+        if test.name in self.points:  # a test that was not collected first does not count
+            self.done[test.name] = test
+            self.listener.test_done(test)
 
 
-def _run_child(child: _Child, select: list[str], points: dict[str, float], test_timeout: float,
-               done: dict[str, TestResult], errors: list[str],
-               listener: Listener) -> tuple[bool, str]:
-    """Run the selected tests in one child; return (it finished normally, why it stopped)."""
-    proc, results_file = child.start([], select)
+def _run_child(child: _Child, select: list[str] | None, test_timeout: float,
+               run: _Run) -> tuple[bool, str]:
+    """Run the selected tests (all when None) in one child; return (it finished normally,
+    why it stopped)."""
+    proc, results_file = child.start(select)
     running: tuple[str, float] | None = None
     offset = 0
     finished = False
-
-    def record(test: TestResult) -> None:
-        if test.name in points:  # a test that was not collected first does not count
-            done[test.name] = test
-            listener.test_done(test)
-
     while True:
         code = proc.poll()
         offset, events = _read_events(results_file, offset)
         for ev in events:
-            if ev["event"] == "start":
+            if ev["event"] == "collected":
+                run.set_collected(ev["tests"])
+            elif ev["event"] == "collect_error" and select is None:
+                run.errors.append(f"could not collect {ev['test']}:\n{ev['message']}")
+            elif ev["event"] == "start":
                 running = (ev["test"], ev["time"])
             elif ev["event"] == "end":
                 started = running[1] if running and running[0] == ev["test"] else ev["time"]
-                record(_test_result(ev, ev["time"] - started))
+                run.record(_test_result(ev, ev["time"] - started))
                 running = None
             elif ev["event"] == "finished":
                 finished = True
@@ -250,10 +256,10 @@ def _run_child(child: _Child, select: list[str], points: dict[str, float], test_
         if running and time.time() - running[1] > test_timeout:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            record(TestResult(running[0], "timeout",
-                              f"still running after {test_timeout:.0f} s: killed "
-                              "(an infinite loop? a kernel that never returns?)",
-                              points.get(running[0], 1.0)))
+            run.record(TestResult(running[0], "timeout",
+                                  f"still running after {test_timeout:.0f} s: killed "
+                                  "(an infinite loop? a kernel that never returns?)",
+                                  run.points.get(running[0], 1.0)))
             return False, f"the test process was killed after {running[0]} timed out"
         time.sleep(0.1)
     if finished:
@@ -261,10 +267,10 @@ def _run_child(child: _Child, select: list[str], points: dict[str, float], test_
     if running is None:
         if code == STICKY_EXIT:
             return False, "the CUDA context was left unusable"
-        errors.append(f"pytest exited with status {code}{_signal_name(code)} before finishing")
-        return False, f"pytest exited with status {code}"
-    why = (f"the test process died (exit status {code}{_signal_name(code)})")
-    record(TestResult(running[0], "crashed", why, points.get(running[0], 1.0)))
+        run.errors.append(f"pytest exited with status {code}{_signal_name(code)} before finishing")
+        return False, f"pytest exited with status {code}{_signal_name(code)}"
+    why = f"the test process died (exit status {code}{_signal_name(code)})"
+    run.record(TestResult(running[0], "crashed", why, run.points.get(running[0], 1.0)))
     return False, why
 
 

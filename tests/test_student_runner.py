@@ -1,4 +1,4 @@
-"""The grader's runner as a student meets it: a test list fixed before the run, a sticky CUDA
+"""The grader's runner as a student meets it: a test list fixed before the tests run, a sticky CUDA
 error that reads CRASHED while the rest still run, exact deselection, never-reported tests named
 and scored zero, short messages for build errors, TODOs that name the part they need, likely
 causes of launch errors, and results that arrive while the run goes on.
@@ -166,15 +166,16 @@ def test_todo_of_another_part_names_that_part(tmp_path):
 
 
 def test_a_child_that_dies_before_any_test_names_every_test(tmp_path):
-    """Collection works, but every run child dies at import: nothing is silently dropped."""
+    """The first child crashes in test_one; the restarted child dies at import: test_two is
+    named and scores zero, nothing is silently dropped."""
     (tmp_path / "test_dies.py").write_text(textwrap.dedent('''\
-        import os
+        import os, signal
         if os.environ.get("TINYVLLM_SELECT"):
             os._exit(3)
-        def test_one(): pass
+        def test_one(): os.kill(os.getpid(), signal.SIGSEGV)
         def test_two(): pass
         '''))
     tests, errors = runner.run_tests([tmp_path], [], test_timeout=30)
-    assert [t.outcome for t in tests] == ["not_run", "not_run"]
-    assert "exited with status 3" in tests[0].message
+    assert [t.outcome for t in tests] == ["crashed", "not_run"]
+    assert "exited with status 3" in tests[1].message
     assert any("exited with status 3" in e for e in errors)
