@@ -109,3 +109,16 @@ def verify(session: nox.Session) -> None:
     """The whole GPU suite: build, grade every solution and skeleton, engine checks, benchmarks
     (python3 -m grader verify [--out DIR])."""
     _run(session, "-m", "grader", "verify", *session.posargs)
+
+
+# --- class grading: the whole hostile corpus (grader/classroom/, tests/hostile/) -------------
+
+@nox.session(name="class-corpus")
+def class_corpus(session: nox.Session) -> None:
+    """Grade every hostile submission of tests/hostile/ as one class, beside an honest student
+    and a skeleton (slow: CI runs a slice of it in `tests`). Needs bubblewrap for the cases
+    only a sandbox can stop. (TINYVLLM_FULL_CORPUS=1 python3 -m pytest tests/test_class_*.py)"""
+    session.run(_python(session), "-m", "pytest", "tests/test_class_corpus.py",
+                "tests/test_class_units.py", *session.posargs, external=True,
+                env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+                     "TINYVLLM_FULL_CORPUS": "1"})

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 
 from course import manifest
+from grader.classroom import sandbox
 from tests.hostile import cases
 
 FULL = os.environ.get("TINYVLLM_FULL_CORPUS") == "1"
-CHOSEN = sorted(cases.CHEATS) if FULL else cases.CI_SUBSET
+CHOSEN = [name for name in (sorted(cases.CHEATS) if FULL else cases.CI_SUBSET)
+          if sandbox.bwrap_path() or name not in cases.SANDBOX_ONLY]
 HIDDEN_TEST = '''
 from course import parts
 
@@ -65,7 +67,7 @@ def graded(tmp_path_factory):
     out = tmp / "grades"
     proc = grade_class(str(subs), "--stages", "02", "--csv", f"{out}.csv", "--json",
                        f"{out}.json", "--junit", f"{out}.xml", "--similarity",
-                       f"{out}.similar.json", "--extra-tests", str(extra), "--timeout", "20",
+                       f"{out}.similar.json", "--extra-tests", str(extra), "--timeout", "90",
                        "--progress", str(tmp / "progress.jsonl"), cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     scores = {row["student"]: float(row["stage_02"])
@@ -90,10 +92,14 @@ def test_no_cheat_scores(graded, name):
     assert any("test_hidden.py" in t["name"] for t in record["tests"])
 
 
+@pytest.mark.skipif(not sandbox.bwrap_path(), reason="without bubblewrap student code can "
+                    "write what the grader's user can (docs/instructors.md)")
 def test_course_hidden_tests_and_classmates_untouched(graded):
     assert graded["untouched"]
 
 
+@pytest.mark.skipif(not sandbox.bwrap_path(), reason="without bubblewrap a process can leave "
+                    "its session (docs/instructors.md)")
 def test_no_process_outlives_grading(graded):
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"sleep {cases.SLEEP_MARK}" not in ps
@@ -105,6 +111,7 @@ def test_invalid_and_rejected_files_are_reported(graded):
         assert "plain file" in " ".join(records["plain_file"]["problems"])
     if "symlink_part" in records:
         assert "symbolic link" in " ".join(records["symlink_part"]["problems"])
+        assert "bytecode" in " ".join(records["symlink_part"]["problems"])
     if "pyc_beside_skeleton" in records:
         assert "bytecode" in " ".join(records["pyc_beside_skeleton"]["problems"])
 
@@ -132,7 +139,7 @@ def test_resume_grades_only_what_is_missing(graded):
     kept = [ln for ln in lines if json.loads(ln)["student"] != "plain_file"]
     progress.write_text("\n".join(kept) + '\n{"student": "half-writ')
     proc = grade_class(str(graded["subs"]), "--stages", "02", "--csv", str(tmp / "again.csv"),
-                       "--progress", str(progress), "--resume", "--timeout", "20", cwd=tmp)
+                       "--progress", str(progress), "--resume", "--timeout", "90", cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-2000:]
     graded_now = [ln for ln in proc.stdout.splitlines() if " stage 02: " in ln]
     assert [ln.split()[0] for ln in graded_now] == ["plain_file"]

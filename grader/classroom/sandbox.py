@@ -7,10 +7,11 @@ $HOME except what is bound in explicitly (read-only unless named writable), has 
 its parent. Resource limits (CPU time, file size, address space, no core dumps) apply in
 both modes.
 
-Without bubblewrap the command runs in a new session with the same resource limits and, when
-the grader runs as root, as the unprivileged user `nobody`, so it cannot write the course or
-other submissions (they are root's). What the fallback does NOT guard against is listed in
-docs/instructors.md: reading files, the network, and processes that leave the session.
+Without bubblewrap the command runs in a new session with the same resource limits, as the
+grader's own user. What the fallback does NOT guard against is listed in docs/instructors.md:
+reading and writing what that user can, the network, and processes that leave the session.
+(Dropping to `nobody` was tried and rejected: pytest makes its temporary folders 0700, so the
+worker could not read the files the tests hand it.)
 """
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-NOBODY = 65534
 
 
 @dataclass
@@ -68,9 +67,8 @@ def mode() -> str:
     """A one-line description of how student code is isolated on this machine."""
     if bwrap_path():
         return f"bubblewrap ({bwrap_path()}): no network, read-only course, own PID namespace"
-    who = " as user nobody" if os.geteuid() == 0 else ""
-    return (f"NO SANDBOX (bubblewrap missing or not permitted here): own session{who}, "
-            "resource limits only -- see docs/instructors.md")
+    return ("NO SANDBOX (bubblewrap missing or not permitted here): own session and resource "
+            "limits only -- see docs/instructors.md")
 
 
 def python_paths() -> list[Path]:
@@ -102,35 +100,28 @@ def command(argv: list[str], mounts: Mounts, cwd: Path) -> list[str]:
             cmd += ["--ro-bind", str(p), str(p)]
     for p in mounts.readonly:
         cmd += ["--ro-bind", str(p), str(p)]
-    for p in mounts.writable:
+    # the working folder is the command's scratch space: writable, like mounts.writable
+    for p in [*mounts.writable, *([cwd] if not any(cwd.is_relative_to(w) for w in
+                                                     mounts.writable) else [])]:
         cmd += ["--bind", str(p), str(p)]
     for dev in sorted(Path("/dev").glob("nvidia*")):   # GPU tests need the device nodes
         cmd += ["--dev-bind", str(dev), str(dev)]
     return cmd + ["--chdir", str(cwd), "--", *argv]
 
 
-def _limit(limits: Limits, drop_to_nobody: bool) -> None:
+def _limit(limits: Limits) -> None:
     """Runs in the child between fork and exec."""
     for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
                         (resource.RLIMIT_FSIZE, limits.file_bytes),
                         (resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(what, (value, value))
-    if drop_to_nobody:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
 
 
 def popen(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str],
           limits: Limits | None = None, **kw) -> subprocess.Popen:
     """Start `argv` sandboxed, in a session of its own (so kill() reaches all of it)."""
-    limits = limits or Limits()
-    drop = bwrap_path() is None and os.geteuid() == 0
-    if drop:   # nobody must be able to read what it runs and write where it may write
-        for p in mounts.writable:
-            os.chown(p, NOBODY, NOBODY)
     return subprocess.Popen(command(argv, mounts, cwd), cwd=cwd, env=env,
-                            preexec_fn=functools.partial(_limit, limits, drop),
+                            preexec_fn=functools.partial(_limit, limits or Limits()),
                             start_new_session=True, **kw)
 
 

@@ -33,6 +33,8 @@ def _copy(dest: Path, stage_id: str, source: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     src = stage.solution_dir() if source == "solution" else stage.skeleton_dir()
     for part in stage.parts:
+        if (folder / part).exists():   # a combined case: keep what an earlier cheat wrote
+            continue
         shutil.copy(src / part, folder / part)
         os.chmod(folder / part, 0o644)
     return folder
@@ -54,6 +56,14 @@ def on_import(code: str, part: str = "stopping.py", stage_id: str = "02"):
                            mark=SLEEP_MARK)
         with open(folder / part, "a") as f:
             f.write("\n# --- the cheat ---\n" + text + "\n")
+    return build
+
+
+def combined(*builders: Callable[[Path, Context], None]):
+    """Several cheats in one submission (one class member instead of several: CI time)."""
+    def build(dest: Path, ctx: Context) -> None:
+        for b in builders:
+            b(dest, ctx)
     return build
 
 
@@ -124,8 +134,8 @@ CHEATS = {
         "    def truncate(self, text): return text\n"),
     "call_reference": on_import(
         "from course import parts\n"
-        "globals().update({k: v for k, v in vars(parts.reference('02', 'stopping')).items()\n"
-        "                  if not k.startswith('__')})\n"),
+        "globals().update({{k: v for k, v in vars(parts.reference('02', 'stopping')).items()\n"
+        "                  if not k.startswith('__')}})\n"),
     "exec_solution": on_import(
         "exec(open('{root}/solutions/02_tokenize/stopping.py').read())\n"),
     "exec_classmate": on_import(
@@ -174,7 +184,7 @@ CHEATS = {
         "class StopChecker:\n"
         "    def __init__(self, *a, **k):\n"
         "        while True: pass\n"),
-    "symlink_part": _symlink_part,
+    "symlink_part": combined(_symlink_part, _pyc),
     "symlink_stage": _symlink_stage,
     "symlink_student": _symlink_student,
     "plain_file": _plain_file,
@@ -185,9 +195,22 @@ CHEATS = {
 # GPU-only kinds: compile-only here (the kernel is graded on a CUDA machine)
 COMPILE_ONLY = {"fifo_include": _fifo_include}
 
-# A quick, representative slice for CI (one of each family); the rest: nox -s class-corpus
-CI_SUBSET = ["patch_checks", "call_reference", "write_results", "os_exit", "spoil_course",
-             "background_process", "symlink_part", "plain_file", "pyc_beside_skeleton",
-             "huge_and_control"]
+# What only a sandbox can stop (reading or writing outside the workspace, escaping processes):
+# without bubblewrap these are known to get through (docs/instructors.md), so not run there.
+SANDBOX_ONLY = {"exec_solution", "exec_classmate", "spoil_course", "spoil_classmate",
+                "background_process"}
+
+# One student doing a cheat of each family at once, part by part
+CHEATS["kitchen_sink"] = combined(
+    CHEATS["patch_checks"],                                       # stopping.py
+    on_import("from course import parts\nparts.reference('02', 'detokenizer')\n",
+              part="detokenizer.py"),
+    on_import("import subprocess\nsubprocess.Popen(['sleep', '{mark}'], "
+              "start_new_session=True)\n" + "raise ValueError('\\x00\\x1b[31m' + 'z' * 500_000)\n",
+              part="chat_template.py"))
+
+# A quick, representative slice for CI; the rest: nox -s class-corpus
+CI_SUBSET = ["kitchen_sink", "write_results", "os_exit", "spoil_course", "symlink_part",
+             "plain_file"]
 
 Builder = Callable[[Path, Context], None]

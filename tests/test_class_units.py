@@ -1,0 +1,147 @@
+"""The pieces of class grading that need no class run: text, wire, submissions, similarity,
+sandbox, compile timeout (grader/classroom/)."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from course import manifest
+from grader.classroom import cli, grade, protocol, sandbox, similarity, submission
+from grader.classroom.text import clean
+from tests.hostile import cases
+
+
+def test_clean_is_xml_safe_and_capped():
+    text = clean("\x00\x1b[31mred\x07\x0c" + "é" * 10_000, limit=1000)
+    assert len(text.encode()) <= 1000 and "\x00" not in text and "\x1b" not in text
+    ET.fromstring(f"<a>{text.replace('&', '&amp;').replace('<', '&lt;')}</a>")
+    assert clean(b"\xff ok") == "\ufffd ok"
+
+
+def test_replies_cannot_carry_code():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    with pytest.raises(protocol.ProtocolError, match="only plain data"):
+        protocol.safe_loads(pickle.dumps(Evil()), lambda pid: None)
+    with pytest.raises(protocol.ProtocolError, match="unreadable"):
+        protocol.safe_loads(b"\x80\x05garbage", lambda pid: None)
+    assert protocol.safe_loads(pickle.dumps({"a": [1, 2.0, (b"x", None)], "s": {3}}),
+                               lambda pid: None) == {"a": [1, 2.0, (b"x", None)], "s": {3}}
+
+
+def test_a_huge_frame_is_refused(tmp_path):
+    r, w = os.pipe()
+    os.write(w, protocol.HEADER.pack(protocol.MAX_FRAME + 1))
+    with pytest.raises(protocol.ProtocolError, match="over the"):
+        protocol.read_frame(r)
+
+
+def _ctx(tmp_path: Path) -> cases.Context:
+    return cases.Context(manifest.ROOT, tmp_path / "extra", tmp_path / "subs" / "honest")
+
+
+def test_submission_validation(tmp_path):
+    subs, ctx, stage = tmp_path / "subs", _ctx(tmp_path), manifest.find("02")
+    cases.honest(subs / "honest", ctx)
+    for name in ("symlink_part", "symlink_stage", "symlink_student", "plain_file",
+                 "pyc_beside_skeleton", "not_utf8"):
+        cases.CHEATS[name](subs / name, ctx)
+    found = {s.name: s for s in submission.students(subs)}
+    assert "plain file" in found["plain_file"].invalid
+    assert "symbolic link" in found["symlink_student"].invalid
+    assert not found["honest"].invalid
+    assert sorted(submission.read_parts(found["honest"], stage).files) == sorted(stage.parts)
+    part = submission.read_parts(found["symlink_part"], stage)
+    assert "stopping.py" not in part.files and "symbolic link" in " ".join(part.problems)
+    assert not submission.read_parts(found["symlink_stage"], stage).files
+    pyc = submission.read_parts(found["pyc_beside_skeleton"], stage)
+    assert "bytecode" in " ".join(pyc.problems) and set(pyc.files) == set(stage.parts)
+    assert submission.read_parts(found["not_utf8"], stage).files["stopping.py"][:2] == b"\xff\xfe"
+
+
+def test_the_worker_never_sees_the_graded_reference(tmp_path):
+    stage = manifest.find("02")
+    root = submission.write_worker_root(tmp_path / "course", stage)
+    assert not any((root / "solutions" / stage.dir / p).exists() for p in stage.parts)
+    assert (root / "solutions" / stage.dir / "tokenizer.py").exists()   # not a part
+    assert (root / "solutions" / "01_load" / "safetensors.py").exists()
+    assert not (root / "stages").exists() and not (root / "conftest.py").exists()
+    with pytest.raises(PermissionError if os.geteuid() else OSError):
+        if os.geteuid() == 0:
+            raise PermissionError   # root ignores file modes; the sandbox binds it read-only
+        (root / "stages.toml").write_text("x")
+    grade.remove(tmp_path / "course")
+    assert not (tmp_path / "course").exists()
+
+
+def test_similarity_sees_through_renaming():
+    stage = manifest.find("02")
+    ref = (stage.solution_dir() / "stopping.py").read_text()
+    renamed = ref.replace("text", "s").replace("stop_strings", "pats") + "\n# mine\n"
+    files = {"copy": {"stopping.py": renamed.encode()},
+             "skel": {"stopping.py": (stage.skeleton_dir() / "stopping.py").read_bytes()}}
+    pairs = similarity.report(stage, files)
+    assert [(p.a, p.b) for p in pairs] == [("copy", "reference")] and pairs[0].share >= similarity.THRESHOLD
+
+
+def test_progress_survives_a_torn_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    cli.append(path, {"student": "a", "stage": "02", "score": 1})
+    with open(path, "a") as f:
+        f.write('{"student": "b", "sta')
+    assert list(cli.load_progress(path)) == [("a", "02")]
+
+
+@pytest.mark.skipif(not sandbox.bwrap_path(), reason="bubblewrap cannot run here")
+def test_sandbox_hides_the_course_and_the_network(tmp_path):
+    code, out = sandbox.run(
+        [sys.executable, "-c",
+         "import os, socket\n"
+         f"print('course', os.listdir({str(manifest.ROOT)!r}))\n"
+         "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=2); print('net yes')\n"
+         "except OSError: print('net no')\n"
+         "open('/etc/hostname-x', 'w')\n"],
+        sandbox.Mounts(hidden=[manifest.ROOT]), tmp_path, {"PATH": os.environ["PATH"]}, 60)
+    assert "net no" in out and "Read-only file system" in out, out
+    listed = out.split("course", 1)[1].split("\n", 1)[0]
+    assert "solutions" not in listed and "conftest.py" not in listed, out
+
+
+def test_sandbox_timeout_ends_every_process(tmp_path):
+    start = time.time()
+    code, _ = sandbox.run(["sh", "-c", "sleep 4243.5 & sleep 4243.5"], sandbox.Mounts(),
+                          tmp_path, {"PATH": os.environ["PATH"]}, 2)
+    assert code is None and time.time() - start < 30
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sleep 4243.5" not in ps
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit")
+def test_a_fifo_include_is_a_compile_failure_not_a_hang(tmp_path):
+    """Only the part files are copied: the FIFO beside bf16.cu never reaches the compiler
+    (and a compiler that hangs anyway is killed at the compile timeout)."""
+    ctx, stage = _ctx(tmp_path), manifest.find("01")
+    cases.COMPILE_ONLY["fifo_include"](tmp_path / "subs" / "fifo", ctx)
+    student = submission.Student("fifo", tmp_path / "subs" / "fifo")
+    found = submission.read_parts(student, stage)
+    assert "special file" in " ".join(found.problems)
+    ws = tmp_path / "ws"
+    root = submission.write_student(ws / "student", stage, found.files)
+    course = submission.write_worker_root(ws / "course", stage)
+    (ws / "shared").mkdir()
+    start = time.time()
+    status = grade.compile_parts(stage, root, course, ws / "shared",
+                                 grade.Settings(compile_timeout=120))
+    assert status.startswith("FAILED") and "pipe.h" in status, status
+    assert time.time() - start < 150
+    grade.remove(ws)
