@@ -69,6 +69,16 @@ class AttentionBackend(Protocol):
         """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] (the new tokens) -> [T, n_heads, d]."""
 
 
+def to_device(values: Sequence[int], dtype: torch.dtype, device: str | torch.device
+              ) -> torch.Tensor:
+    """A host list as a tensor on `device`. To a GPU it goes through pinned (page-locked)
+    memory without blocking: the copy is queued behind the GPU's work, the CPU goes on."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def offsets(lengths: Sequence[int]) -> list[int]:
     """[0, l0, l0 + l1, ...]: where each run starts when runs are packed back to back."""
     out = [0]
@@ -82,10 +92,10 @@ def prefill_metadata(lengths: Sequence[int], device: str | torch.device) -> Atte
     if any(n < 0 for n in lengths):
         raise ValueError(f"sequence lengths must be >= 0, got {list(lengths)}")
     cu = offsets(lengths)
-    cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
+    cu_t = to_device(cu, torch.int32, device)
     longest = max(lengths, default=0)
     # An empty sequence has no last token; its row is clamped so compute_logits stays in range.
-    last = torch.tensor([max(c - 1, 0) for c in cu[1:]], dtype=torch.int64, device=device)
+    last = to_device([max(c - 1, 0) for c in cu[1:]], torch.int64, device)
     return AttentionMetadata(cu_seqlens_q=cu_t, cu_seqlens_k=cu_t, max_seqlen_q=longest,
                              max_seqlen_k=longest, last_rows=last)
 
@@ -99,8 +109,7 @@ def packed_inputs(prompts: Sequence[Sequence[int]], device: str | torch.device =
     """
     ids = [int(t) for p in prompts for t in p]
     positions = [i for p in prompts for i in range(len(p))]
-    return (torch.tensor(ids, dtype=torch.int64, device=device),
-            torch.tensor(positions, dtype=torch.int64, device=device),
+    return (to_device(ids, torch.int64, device), to_device(positions, torch.int64, device),
             prefill_metadata([len(p) for p in prompts], device))
 
 

@@ -31,7 +31,7 @@ import torch
 from course import ops, parts
 
 _meta = parts.load("08", "attention_metadata")
-AttentionMetadata, offsets = _meta.AttentionMetadata, _meta.offsets
+AttentionMetadata, offsets, to_device = _meta.AttentionMetadata, _meta.offsets, _meta.to_device
 
 
 class KVCache:
@@ -133,7 +133,7 @@ class StepPlan:
                  ) -> tuple[torch.Tensor, AttentionMetadata]:
         """(positions [T] int64, AttentionMetadata) on `device`."""
         def t(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
+            return to_device(values, dtype, device)
         cu_q = t(self.cu_seqlens_q, torch.int32)
         lens_q = [b - a for a, b in zip(self.cu_seqlens_q, self.cu_seqlens_q[1:])]
         meta = AttentionMetadata(
@@ -158,6 +158,8 @@ class KVCacheAttention:
                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] of the new tokens -> [T, n_heads, d]."""
         cache = meta.kv_cache
+        if cache is None:   # a step described without a cache (stage 08's packed_inputs)
+            return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
         # BEGIN SOLUTION: cache.write; decode -> self.decode over the slots; no key_rows -> self.prefill over the new tokens; else gather and self.prefill with cu_seqlens_k
         cache.write(layer, k, v, meta.slot_mapping)
         if meta.decode:

@@ -1,18 +1,17 @@
 """The reference engine's front door: a model directory in, text out.
 
-    from solutions.engine.llm import LLM
+    from solutions.engine.llm import LLM, SamplingParams
     llm = LLM("path/to/model")                       # config.json, *.safetensors, tokenizer.json
     print(llm.generate("What is the capital of France?").text)
+    results = llm.generate(["Hi", "Tell me a joke"], SamplingParams(max_tokens=64))  # in order
     for piece in llm.stream("Tell me a story", max_tokens=100):
         print(piece, end="", flush=True)
 
 It wires the stages together: config and weights (01), tokenizer, chat template, streaming
-detokenizer and stop conditions (02), the forward pass (08, built from the ops of 03-07) and
-the argmax op (08). Each is loaded through the parts resolver, so with TINYVLLM_STUDENT=NN
-the engine runs a student's stage NN.
-
-This is the stage-08 engine: every step recomputes the whole sequence (no KV cache), so a
-reply of n tokens costs O(n^2) token-forwards. Stage 09 adds the cache.
+detokenizer and stop conditions (02), the forward pass (08, built from the ops of 03-07), the
+KV cache and decode attention (09), decode CUDA graphs (10), and the scheduler that batches
+requests continuously (11), through the serving loop of llm_engine.py. Each part is loaded
+through the parts resolver, so with TINYVLLM_STUDENT=NN the engine runs a student's stage NN.
 """
 from __future__ import annotations
 
@@ -24,6 +23,10 @@ from pathlib import Path
 import torch
 
 from course import parts
+from solutions.engine.llm_engine import LLMEngine
+from solutions.engine.model_runner import EngineConfig
+
+SamplingParams = parts.load("11", "sampling_params").SamplingParams
 
 FINISH_REASONS = ("eos", "stop_string", "max_tokens", "context")
 DEFAULT_MAX_TOKENS = 256
@@ -35,7 +38,7 @@ class GenerationResult:
 
     finish_reason: "eos" (an end-of-sequence token), "stop_string" (the text reached a stop
     string, which `text` leaves out), "max_tokens", or "context" (the sequence filled the
-    model's positions).
+    engine's max_model_len positions).
     """
     prompt_ids: list[int]
     output_ids: list[int]
@@ -84,11 +87,13 @@ class LLM:
     device: "auto" (cuda if available, else cpu), "cpu" or "cuda". dtype: None picks bf16 on
     CUDA (the kernels' dtype) and float32 on CPU (the native twins, exact vs transformers).
     load_tokenizer=False skips tokenizer.json: the model then takes token-id prompts only
-    (test checkpoints have no tokenizer).
+    (test checkpoints have no tokenizer). config: the engine's sizes (EngineConfig: context
+    length, batch limits, KV-cache memory, CUDA graphs).
     """
 
     def __init__(self, model_dir: str | os.PathLike, device: str | torch.device = "auto",
-                 dtype: str | torch.dtype | None = None, load_tokenizer: bool = True):
+                 dtype: str | torch.dtype | None = None, load_tokenizer: bool = True,
+                 config: EngineConfig | None = None):
         self.model_dir = Path(model_dir)
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
@@ -103,7 +108,7 @@ class LLM:
         del weights
         self.eos_ids = (self.tokenizer.eos_ids if self.tokenizer is not None
                         else frozenset(self.config.eos_token_ids))
-        self._argmax = parts.load("08", "argmax").argmax
+        self.engine = LLMEngine(self.model, self.tokenizer, self.eos_ids, config)
 
     def _load_tokenizer(self):
         try:
@@ -116,8 +121,8 @@ class LLM:
 
     @property
     def max_positions(self) -> int:
-        """The longest sequence (prompt + reply) the model takes."""
-        return self.model.max_positions
+        """The longest sequence (prompt + reply) the engine takes."""
+        return self.engine.max_model_len
 
     def encode_prompt(self, prompt: str | Sequence[int] | Sequence[dict],
                       raw: bool = False) -> list[int]:
@@ -145,81 +150,90 @@ class LLM:
                              f"(0..{self.config.vocab_size - 1})")
         return ids
 
-    def generate(self, prompt: str | Sequence[int] | Sequence[dict],
-                 max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
-                 raw: bool = False, stop: Sequence[str] | None = None,
-                 seed: int | None = None) -> GenerationResult:
-        """Generate a reply. temperature 0: greedy (argmax); > 0: sampling from
-        softmax(logits / temperature), reproducible with `seed`. stop: strings that end the
-        reply (left out of the text). raw: no chat template (the string is the whole prompt).
-        """
-        stream = self.stream(prompt, max_tokens, temperature, raw, stop, seed)
-        for _ in stream:
-            pass
-        return stream.result
-
-    def stream(self, prompt: str | Sequence[int] | Sequence[dict],
-               max_tokens: int = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
-               raw: bool = False, stop: Sequence[str] | None = None,
-               seed: int | None = None) -> TextStream:
-        """Like generate(), but iterate over the result to get text pieces as they come."""
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        prompt_ids = self.encode_prompt(prompt, raw)
-        if not prompt_ids:
+    def prepare(self, prompt, raw: bool = False) -> list[int]:
+        """A prompt's token ids, checked: ValueError if it is empty or longer than the
+        context."""
+        ids = self.encode_prompt(prompt, raw)
+        if not ids:
             raise ValueError("the prompt is empty (no tokens)")
-        if len(prompt_ids) > self.max_positions:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than the model's "
-                             f"context of {self.max_positions} positions")
-        stopping = parts.load("02", "stopping")
-        checker = stopping.StopChecker(self.eos_ids, list(stop or ()), max_tokens)
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=self.device)
-            if seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(seed)
-        return TextStream(self._run(prompt_ids, checker, temperature, generator))
+        if len(ids) > self.max_positions:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
+                             f"{self.max_positions} positions")
+        return ids
 
-    def _next_token(self, ids: list[int], temperature: float,
-                    generator: torch.Generator | None) -> int:
-        """One step without a KV cache: the whole sequence through the model."""
-        tokens, positions, meta = parts.load("08", "attention_metadata").packed_inputs(
-            [ids], self.device)
-        logits = self.model.compute_logits(self.model.forward(tokens, positions, meta),
-                                           meta.last_rows)
-        if temperature == 0:
-            return int(self._argmax(logits)[0])
-        probs = torch.softmax(logits[0] / temperature, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=generator)[0])
+    def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, raw: bool = False, **options):
+        """Generate replies. prompts: one prompt (a string, chat messages, or token ids) or a
+        list of them, run together; returns one GenerationResult or a list, in input order.
+        sampling: one SamplingParams for all, or one per prompt; or pass its fields as keyword
+        arguments (max_tokens=, temperature=, top_k=, top_p=, seed=, stop=, ignore_eos=).
+        raw: no chat template (each string is the whole prompt).
+        Every prompt and parameter is checked before anything runs (ValueError naming it).
+        """
+        single = _is_one_prompt(prompts)
+        batch = [prompts] if single else list(prompts)
+        params = self._params(sampling, options, len(batch))
+        ids = []
+        for i, p in enumerate(batch):
+            try:
+                ids.append(self.prepare(p, raw))
+            except ValueError as e:
+                raise ValueError(str(e) if single else f"prompt {i}: {e}") from None
+        rids = [self.engine.add_request(p, sp) for p, sp in zip(ids, params)]
+        outputs = {rid: ([], "", None) for rid in rids}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                tokens, text, _ = outputs[out.request_id]
+                outputs[out.request_id] = (tokens + out.new_token_ids, text + out.new_text,
+                                           out.finish_reason)
+        results = [GenerationResult(prompt_ids=p, output_ids=outputs[r][0], text=outputs[r][1],
+                                    finish_reason=outputs[r][2]) for p, r in zip(ids, rids)]
+        return results[0] if single else results
 
-    def _run(self, prompt_ids: list[int], checker, temperature: float,
-             generator: torch.Generator | None) -> Generator[str, None, GenerationResult]:
-        detok = None
-        if self.tokenizer is not None:
-            detok = parts.load("02", "detokenizer").IncrementalDetokenizer(self.tokenizer,
-                                                                          prompt_ids)
-        ids, output, text, sent = list(prompt_ids), [], "", 0
-        reason = None
-        while reason is None:
-            if len(ids) > self.max_positions:   # the next forward would need a new position
-                reason = "context"
-                break
-            token = self._next_token(ids, temperature, generator)
-            ids.append(token)
-            output.append(token)
-            if detok is not None:
-                text += detok.push(token)
-            reason = checker.check(token, text)
-            safe = checker.safe_text(text, finished=reason is not None)
-            if len(safe) > sent:
-                yield safe[sent:]
-                sent = len(safe)
-        if detok is not None:
-            text += detok.flush()   # bytes of a character the reply never completed
-        text = checker.safe_text(text, finished=True)
-        if len(text) > sent:
-            yield text[sent:]
-        return GenerationResult(prompt_ids=list(prompt_ids), output_ids=output, text=text,
+    def stream(self, prompt, sampling: SamplingParams | None = None, *, raw: bool = False,
+               **options) -> TextStream:
+        """Like generate() for one prompt, but iterate over the result to get text pieces as
+        they come."""
+        params = self._params(sampling, options, 1)[0]
+        prompt_ids = self.prepare(prompt, raw)
+        rid = self.engine.add_request(prompt_ids, params)
+        return TextStream(self._pieces(rid, prompt_ids))
+
+    def _pieces(self, rid: int, prompt_ids: list[int]) -> Generator[str, None, GenerationResult]:
+        tokens, text, reason = [], "", None
+        try:
+            while reason is None:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    tokens += out.new_token_ids
+                    text += out.new_text
+                    reason = out.finish_reason
+                    if out.new_text:
+                        yield out.new_text
+        finally:
+            if reason is None:       # the caller stopped iterating: free the request's slot
+                self.engine.abort(rid)
+        return GenerationResult(prompt_ids=list(prompt_ids), output_ids=tokens, text=text,
                                 finish_reason=reason)
+
+    @staticmethod
+    def _params(sampling, options: dict, n: int) -> list[SamplingParams]:
+        if sampling is not None and options:
+            raise ValueError("pass either a SamplingParams or its fields as keywords, not both")
+        if sampling is None:
+            return [SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **options})] * n
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * n
+        sampling = list(sampling)
+        if len(sampling) != n:
+            raise ValueError(f"{len(sampling)} sampling parameters for {n} prompts")
+        return sampling
+
+
+def _is_one_prompt(prompts) -> bool:
+    """A string, a list of token ids or a list of chat messages is one prompt; a list of
+    those is many."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        return True
+    return isinstance(prompts[0], (int, dict)) or hasattr(prompts[0], "__index__")

@@ -92,14 +92,6 @@ def test_gather_returns_rows_in_order(seed):
     checks.assert_equal(values, -flat[rows], what="gathered values")
 
 
-def test_step_plan_rejects_what_does_not_fit():
-    plan = kv().StepPlan
-    with pytest.raises(ValueError, match="do not fit"):
-        plan.build([kv().SeqStep(0, 8, 3)], max_len=10, num_slots=1)
-    with pytest.raises(ValueError, match="at least one"):
-        plan.build([], max_len=10, num_slots=1)
-
-
 def _prefill_then_decode_logits(m, cache, prompt: list[int], chunks: list[int]):
     """Feed the prompt to the cached model in chunks of these sizes; last logits of each."""
     K = kv()

@@ -50,14 +50,6 @@ def random_prompts(lengths, vocab: int) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def test_graph_batch_sizes():
-    sizes = graphs_mod().graph_batch_sizes
-    assert sizes(1) == [1]
-    assert sizes(5) == [1, 2, 4, 5]
-    assert sizes(40) == [1, 2, 4, 8, 16, 32, 40]
-    assert sizes(64) == [1, 2, 4, 8, 16, 32, 48, 64]
-
-
 def _decode_setup(tiny, device, n_seqs: int, use_graphs: bool):
     """A model with n_seqs prompts prefilled into their slots, and a DecodeGraphs over them."""
     m = new_model(tiny, device)
@@ -100,17 +92,6 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
             "must write to pad_slot")
 
 
-def test_run_rejects_what_is_not_a_decode_step(tiny):
-    _, cache, prompts, decoder = _decode_setup(tiny, "cpu", 2, use_graphs=False)
-    prefill = kv().StepPlan.build([kv().SeqStep(0, len(prompts[0]), 2)], cache.max_len,
-                                  cache.num_slots)
-    with pytest.raises(ValueError, match="decode"):
-        decoder.run([1, 2], prefill)
-    too_many = kv().StepPlan.build([kv().SeqStep(0, 20, 1)] * 9, cache.max_len, cache.num_slots)
-    with pytest.raises(ValueError, match="larger than max_batch"):
-        decoder.run([1] * 9, too_many)
-
-
 @pytest.mark.points(4)
 @pytest.mark.parametrize("lengths", [[7], [1, 9, 4], [12, 3, 3, 30, 1]],
                          ids=lambda v: "+".join(map(str, v)))
@@ -144,17 +125,6 @@ def test_batch_matches_transformers(tiny, seed):
         theirs, logits = equivalence.hf_greedy(tiny.hf, p, 16)
         print(equivalence.assert_greedy_agrees(got[i], theirs, logits, 2e-5,
                                                what=f"{tiny.variant}: prompt {i}"))
-
-
-def test_bad_batches_are_refused(tiny):
-    gen = batch_mod().generate_batch
-    m = new_model(tiny)
-    with pytest.raises(ValueError, match="at least one token"):
-        gen(m, [[1, 2], []], 4)
-    with pytest.raises(ValueError, match="positions"):
-        gen(m, [[1] * 10], m.max_positions)
-    with pytest.raises(IndexError, match="out of range"):
-        gen(m, [[1, tiny.config.vocab_size]], 4)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,139 @@
+"""The serving loop: requests come in, each step runs the batch, text comes out.
+
+    engine = LLMEngine(model, tokenizer, eos_ids, EngineConfig())
+    rid = engine.add_request(prompt_ids, SamplingParams(max_tokens=64))
+    while engine.has_unfinished():
+        for out in engine.step():          # RequestOutput: new text, finished, reason
+            print(out.request_id, out.new_text, end="")
+    engine.abort(rid)                      # any time between steps
+
+Per request the engine keeps what the scheduler does not need: a streaming detokenizer and
+a stop checker (stage 02). A request is validated when it is added (empty prompt, prompt
+longer than the context, token ids outside the vocabulary, bad sampling parameters): a bad
+one raises ValueError there and never disturbs the requests already running.
+
+Finish reasons: "eos", "stop_string", "max_tokens" (stage 02's), "context" (the sequence
+filled max_model_len positions) and "abort".
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from course import parts
+from solutions.engine.model_runner import EngineConfig, ModelRunner
+
+SamplingParams = parts.load("11", "sampling_params").SamplingParams
+Sequence = parts.load("11", "sequence").Sequence
+_sched = parts.load("11", "scheduler")
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: the text it can show now (held-back text
+    that may start a stop string comes later), the tokens, and whether it is done."""
+    request_id: int
+    new_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+
+
+class _Request:
+    def __init__(self, seq, detokenizer, checker):
+        self.seq, self.detokenizer, self.checker = seq, detokenizer, checker
+        self.text, self.sent = "", 0
+
+    def final_text(self) -> str:
+        if self.detokenizer is not None:
+            self.text += self.detokenizer.flush()   # bytes of a character never completed
+        return self.checker.safe_text(self.text, finished=True)
+
+
+class LLMEngine:
+    """model: a stage-08 LlamaModel; tokenizer: stage 02's (or None: token ids only, no text);
+    eos_ids: the model's end-of-sequence ids."""
+
+    def __init__(self, model, tokenizer, eos_ids, config: EngineConfig | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.config = config or EngineConfig()
+        self.runner = ModelRunner(model, self.config)
+        c = self.config
+        self.scheduler = _sched.Scheduler(_sched.SchedulerConfig(
+            num_slots=self.runner.num_slots, max_model_len=self.runner.max_len,
+            max_num_seqs=min(c.max_num_seqs, self.runner.num_slots),
+            max_num_batched_tokens=max(c.max_num_batched_tokens,
+                                       0 if c.chunked_prefill else self.runner.max_len),
+            chunked_prefill=c.chunked_prefill))
+        self.requests: dict[int, _Request] = {}
+        self._ids = itertools.count()
+        self._stopping = parts.load("02", "stopping")
+        self._detokenizer = parts.load("02", "detokenizer").IncrementalDetokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.runner.max_len
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
+        """Queue a request; returns its id. ValueError if it can never run."""
+        params = params or SamplingParams()
+        params.validate()
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
+                             f"{self.max_model_len} positions")
+        self.model.check_inputs(torch.tensor(ids, dtype=torch.int64),
+                                torch.zeros(1, dtype=torch.int64))
+        rid = next(self._ids)
+        seq = Sequence(rid, ids, params.with_seed())
+        checker = self._stopping.StopChecker(() if params.ignore_eos else self.eos_ids,
+                                             list(params.stop), params.max_tokens)
+        detok = (self._detokenizer(self.tokenizer, ids) if self.tokenizer is not None else None)
+        self.scheduler.add(seq)
+        self.requests[rid] = _Request(seq, detok, checker)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: int) -> RequestOutput | None:
+        """Stop a request now (between steps); its cache slot is freed at once."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        self.scheduler.finish(req.seq, "abort")
+        return RequestOutput(request_id, "", [], True, "abort")
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step of the model; return what each request that got a token produced."""
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            return []
+        tokens = self.runner.run(seqs)
+        outputs = []
+        for seq, token in zip(seqs, tokens):
+            if seq.complete_step(token):
+                outputs.append(self._emit(self.requests[seq.seq_id], token))
+        return outputs
+
+    def _emit(self, req: _Request, token: int) -> RequestOutput:
+        seq = req.seq
+        if req.detokenizer is not None:
+            req.text += req.detokenizer.push(token)
+        reason = req.checker.check(token, req.text)
+        if reason is None and seq.num_tokens > self.max_model_len:
+            reason = "context"   # its next token would need a position past the context
+        if reason is None:
+            safe = req.checker.safe_text(req.text, finished=False)
+        else:
+            safe = req.final_text()
+            self.scheduler.finish(seq, reason)
+            del self.requests[seq.seq_id]
+        new_text, req.sent = safe[req.sent:], max(req.sent, len(safe))
+        return RequestOutput(seq.seq_id, new_text, [token], reason is not None, reason)
+

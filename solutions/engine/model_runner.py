@@ -1,0 +1,118 @@
+"""Runs one scheduled step on the model: inputs in, one sampled token per sequence out.
+
+    ModelRunner(model, config)     a KV cache sized from memory, the cache attention backend,
+                                   decode CUDA graphs for every padded batch size
+    runner.run(seqs) -> [token]    the step's sequences (num_scheduled set by the scheduler)
+
+Prefill steps run the model eagerly on the packed prompts (stage 09's StepPlan); decode steps
+go through stage 10's DecodeGraphs (a graph replay on CUDA). Logits are computed for each
+sequence's last token only, and sampled on the device (sampler.py); the one copy back to the
+host per step is the sampled token ids.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from course import parts
+from solutions.engine import sampler
+
+_kv = parts.load("09", "kv_cache")
+DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
+
+GiB = 1 << 30
+
+
+@dataclass
+class EngineConfig:
+    """How the engine sizes itself.
+
+    max_model_len: positions per sequence, prompt + output (default: the model's, at most
+        DEFAULT_MAX_MODEL_LEN: each running sequence reserves a whole context of cache).
+    max_num_seqs: sequences per step (the largest decode batch and CUDA graph).
+    max_num_batched_tokens: tokens per step (prefill chunks are cut to fit).
+    gpu_memory_utilization: the share of the GPU's free memory (after loading the weights)
+        that the KV cache may take; kv_cache_gib: the cache size on a CPU.
+    use_cuda_graphs: replay decode steps from CUDA graphs (CUDA only).
+    """
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    gpu_memory_utilization: float = 0.9
+    kv_cache_gib: float = 1.0
+    use_cuda_graphs: bool = True
+
+    DEFAULT_MAX_MODEL_LEN = 4096
+
+    def model_len(self, model) -> int:
+        if self.max_model_len is None:
+            return min(model.max_positions, self.DEFAULT_MAX_MODEL_LEN)
+        if not 1 <= self.max_model_len <= model.max_positions:
+            raise ValueError(f"max_model_len must be in 1..{model.max_positions} (the model's "
+                             f"positions), got {self.max_model_len}")
+        return self.max_model_len
+
+
+def kv_cache_slots(model, config: EngineConfig, max_len: int) -> int:
+    """How many sequences of max_len tokens the cache memory holds (at most max_num_seqs)."""
+    per_seq = max_len * _kv.KVCache.bytes_per_token(model.config, model.dtype)
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        # Keep room for a prefill step's activations: a few [tokens, intermediate] buffers.
+        c = model.config
+        activations = 8 * config.max_num_batched_tokens * max(c.intermediate_size * 2,
+                                                              c.vocab_size // 4) * 2
+        budget = free * config.gpu_memory_utilization - activations
+    else:
+        budget = config.kv_cache_gib * GiB
+    slots = min(config.max_num_seqs, int(budget // per_seq))
+    if slots < 1:
+        raise ValueError(f"the KV cache memory ({budget / GiB:.2f} GiB) does not hold one "
+                         f"sequence of {max_len} positions ({per_seq / GiB:.2f} GiB): lower "
+                         "max_model_len")
+    return slots
+
+
+class ModelRunner:
+    def __init__(self, model, config: EngineConfig):
+        self.model, self.config = model, config
+        self.max_len = config.model_len(model)
+        self.num_slots = kv_cache_slots(model, config, self.max_len)
+        self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
+        model.attention = _kv.KVCacheAttention()
+        use_graphs = config.use_cuda_graphs and model.device.type == "cuda"
+        self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
+                                    use_graphs=use_graphs)
+
+    def describe(self) -> str:
+        per_token = _kv.KVCache.bytes_per_token(self.model.config, self.model.dtype)
+        size = per_token * self.max_len * (self.num_slots + 1)
+        graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"
+                  if self.decoder.use_graphs else "")
+        return (f"KV cache: {self.num_slots} sequences x {self.max_len} positions "
+                f"({size / GiB:.2f} GiB){graphs}")
+
+    @torch.no_grad()
+    def run(self, seqs: list) -> list[int]:
+        """Run the step; return one sampled token per sequence (meaningful for those whose
+        step reaches the end of their tokens; a prompt chunk's sample is ignored)."""
+        steps = [_kv.SeqStep(s.slot, s.num_cached, s.num_scheduled) for s in seqs]
+        plan = _kv.StepPlan.build(steps, self.max_len, self.num_slots)
+        model = self.model
+        if plan.decode:
+            hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan)
+            rows = self.decoder.rows[: len(seqs)]
+        else:
+            positions, meta = plan.metadata(self.cache, model.device)
+            ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]
+            hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
+            rows = meta.last_rows
+        logits = model.compute_logits(hidden, rows)
+        st = sampler.SamplingTensors.from_params([s.params for s in seqs],
+                                                 [len(s.output_ids) for s in seqs], model.device)
+        tokens = sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
+                                needs_filter=st.needs_filter, all_greedy=st.all_greedy)
+        return tokens.tolist()   # the step's one wait for the GPU
+

@@ -1,0 +1,179 @@
+"""Stage 09: a KV cache, and attention that reads it.
+
+A token's key and value never change once computed (attention only looks back), so keep
+them: then each new token costs one token-forward instead of a forward over the whole
+sequence. Per layer the cache holds
+
+    k[layer], v[layer]: [num_slots + 1, max_len, n_kv_heads, head_dim]
+
+Sequence s owns one slot (a row block of max_len positions); the K/V of its token at
+position p live in row p of its slot, that is flat row `slot * max_len + p` of
+`k[layer].view(-1, n_kv_heads, head_dim)`. K is stored after rotary embedding, so a cached key
+never needs rotating again. The extra last slot, `pad_slot`, belongs to nobody: padding rows of
+a fixed-size batch (stage 10's CUDA graphs) write their K/V there.
+
+`StepPlan` describes one step on the host -- which sequences, how many tokens each has cached
+and how many are new -- and turns into the AttentionMetadata of stage 08. `KVCacheAttention`
+is the attention backend that writes the new K/V into the cache and then attends:
+
+    every sequence has one new token   -> decode_attention (stage 09's kernel) over its slot
+    no sequence has cached tokens      -> prefill_attention (stage 07) over the new tokens
+    otherwise (a prompt continued)     -> gather each sequence's keys, prefill_attention with
+                                          more keys than queries
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from course import ops, parts
+
+_meta = parts.load("08", "attention_metadata")
+AttentionMetadata, offsets, to_device = _meta.AttentionMetadata, _meta.offsets, _meta.to_device
+
+
+class KVCache:
+    """K and V of every layer for `num_slots` sequences of up to `max_len` tokens each."""
+
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, n_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: str | torch.device):
+        if min(num_layers, num_slots, max_len, n_kv_heads, head_dim) < 1:
+            raise ValueError("a KV cache needs at least one layer, slot, position, head and "
+                             f"head dimension, got {num_layers}, {num_slots}, {max_len}, "
+                             f"{n_kv_heads}, {head_dim}")
+        self.num_slots, self.max_len = num_slots, max_len
+        self.pad_slot = num_slots   # the extra slot that padding rows write to
+        # TODO stage 09: per layer, zero k and v tensors [num_slots + 1, max_len, n_kv_heads, head_dim] (about 3 lines)
+        raise NotImplementedError("TODO stage 09: per layer, zero k and v tensors [num_slots + 1, max_len, n_kv_heads, head_dim] (about 3 lines)")
+
+    @classmethod
+    def for_model(cls, model, num_slots: int, max_len: int | None = None) -> "KVCache":
+        """A cache shaped for a stage-08 LlamaModel (its dtype and device)."""
+        c = model.config
+        return cls(c.num_hidden_layers, num_slots, max_len or model.max_positions,
+                   c.num_key_value_heads, c.head_dim, model.dtype, model.device)
+
+    @staticmethod
+    def bytes_per_token(config, dtype: torch.dtype) -> int:
+        """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * itemsize."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """Store the new tokens' K and V: k, v [T, n_kv_heads, head_dim] (views allowed),
+        slot_mapping [T] int64, each token's flat row slot * max_len + position."""
+        # TODO stage 09: index_copy_ into flat [rows, n_kv_heads, head_dim] views of k[layer] and v[layer] (about 3 lines)
+        raise NotImplementedError("TODO stage 09: index_copy_ into flat [rows, n_kv_heads, head_dim] views of k[layer] and v[layer] (about 3 lines)")
+
+    def gather(self, layer: int, key_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the given flat rows, packed: key_rows [N] int64 -> two [N, kv, d]."""
+        # TODO stage 09: index_select the rows from flat views of k[layer] and v[layer] (about 3 lines)
+        raise NotImplementedError("TODO stage 09: index_select the rows from flat views of k[layer] and v[layer] (about 3 lines)")
+
+
+@dataclass
+class SeqStep:
+    """One sequence's share of a step: its cache slot, tokens already cached, new tokens."""
+    slot: int
+    cached: int
+    new: int
+
+
+@dataclass
+class StepPlan:
+    """A step on the host: plain lists, checked once, then copied to the device."""
+    positions: list[int]
+    cu_seqlens_q: list[int]
+    cu_seqlens_k: list[int]
+    slot_mapping: list[int]
+    seq_slots: list[int]
+    context_lens: list[int]
+    key_rows: list[int] | None
+    decode: bool
+
+    @classmethod
+    def build(cls, steps: Sequence[SeqStep], max_len: int, num_slots: int) -> "StepPlan":
+        """The plan of a step; ValueError for a sequence that does not fit its slot."""
+        if not steps:
+            raise ValueError("a step needs at least one sequence")
+        for s in steps:
+            if not 0 <= s.slot <= num_slots or s.cached < 0 or s.new < 1:
+                raise ValueError(f"bad sequence step {s}: slot in 0..{num_slots}, cached >= 0 "
+                                 "and at least one new token")
+            if s.cached + s.new > max_len:
+                raise ValueError(f"{s.cached} cached + {s.new} new tokens do not fit a cache "
+                                 f"slot of {max_len} positions")
+        positions = [p for s in steps for p in range(s.cached, s.cached + s.new)]
+        rows = [s.slot * max_len + p for s in steps for p in range(s.cached, s.cached + s.new)]
+        decode = all(s.new == 1 for s in steps)
+        has_cached = any(s.cached for s in steps)
+        key_rows = None
+        if has_cached and not decode:
+            key_rows = [s.slot * max_len + p for s in steps for p in range(s.cached + s.new)]
+        return cls(positions=positions,
+                   cu_seqlens_q=offsets([s.new for s in steps]),
+                   cu_seqlens_k=offsets([s.cached + s.new for s in steps]),
+                   slot_mapping=rows, seq_slots=[s.slot for s in steps],
+                   context_lens=[s.cached + s.new for s in steps], key_rows=key_rows,
+                   decode=decode)
+
+    def metadata(self, cache: KVCache, device: str | torch.device
+                 ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """(positions [T] int64, AttentionMetadata) on `device`."""
+        def t(values, dtype):
+            return to_device(values, dtype, device)
+        cu_q = t(self.cu_seqlens_q, torch.int32)
+        lens_q = [b - a for a, b in zip(self.cu_seqlens_q, self.cu_seqlens_q[1:])]
+        meta = AttentionMetadata(
+            cu_seqlens_q=cu_q, cu_seqlens_k=t(self.cu_seqlens_k, torch.int32),
+            max_seqlen_q=max(lens_q), max_seqlen_k=max(self.context_lens),
+            last_rows=t([c - 1 for c in self.cu_seqlens_q[1:]], torch.int64), kv_cache=cache,
+            slot_mapping=t(self.slot_mapping, torch.int64), seq_slots=t(self.seq_slots, torch.int32),
+            context_lens=t(self.context_lens, torch.int32),
+            key_rows=None if self.key_rows is None else t(self.key_rows, torch.int64),
+            decode=self.decode)
+        return t(self.positions, torch.int64), meta
+
+
+class KVCacheAttention:
+    """The attention backend with a cache: write the new K/V, then attend (see the top)."""
+
+    def __init__(self) -> None:
+        self.prefill = ops.get("prefill_attention")
+        self.decode = ops.get("decode_attention")
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] of the new tokens -> [T, n_heads, d]."""
+        cache = meta.kv_cache
+        if cache is None:   # a step described without a cache (stage 08's packed_inputs)
+            return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
+        # TODO stage 09: cache.write; decode -> self.decode over the slots; no key_rows -> self.prefill over the new tokens; else gather and self.prefill with cu_seqlens_k (about 10 lines)
+        raise NotImplementedError("TODO stage 09: cache.write; decode -> self.decode over the slots; no key_rows -> self.prefill over the new tokens; else gather and self.prefill with cu_seqlens_k (about 10 lines)")
+
+
+def generate_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
+                    cache: KVCache | None = None) -> list[int]:
+    """Greedy decoding with a KV cache: one prefill of the prompt, then one token a step.
+
+    model: a stage-08 LlamaModel whose attention backend is KVCacheAttention (this function
+    sets it). Returns up to max_new_tokens ids, ending with an eos id if one was emitted.
+    """
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: greedy decoding needs at least one token")
+    if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
+        raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
+                         f"the model's {model.max_positions} positions")
+    if max_new_tokens < 1:
+        return []
+    model.check_inputs(torch.tensor(prompt_ids, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    cache = cache or KVCache.for_model(model, num_slots=1,
+                                       max_len=len(prompt_ids) + max_new_tokens)
+    model.attention = KVCacheAttention()
+    argmax, eos = ops.get("argmax"), set(eos_ids)
+    out: list[int] = []
+    # TODO stage 09: prefill the prompt (SeqStep(0, 0, len)); then while tokens remain, decode the last token (SeqStep(0, cached, 1)); stop after an eos (about 14 lines)
+    raise NotImplementedError("TODO stage 09: prefill the prompt (SeqStep(0, 0, len)); then while tokens remain, decode the last token (SeqStep(0, cached, 1)); stop after an eos (about 14 lines)")

@@ -1,0 +1,113 @@
+"""Stage 10: decode steps from fixed buffers, recorded once as CUDA graphs and replayed.
+
+A decode step of a small model is a few hundred kernel launches of a few microseconds each;
+at batch 1 the CPU issuing them, not the GPU running them, sets the pace. A CUDA graph records
+the launches of one step once and replays them all with one call. What a replay does is
+frozen at capture, so:
+
+- every tensor the step reads lives at a fixed address, allocated before capture: each step
+  copies its inputs INTO those buffers (`inputs` below) instead of making new tensors;
+- nothing in the step may read a GPU value on the host (no .item(), no data-dependent Python
+  branches): the model's forward was written that way (stages 07-09);
+- shapes are frozen too, so there is one graph per batch size. Batches are padded up to the
+  next captured size (1, 2, 4, 8, 16, 24, 32, ...): padding rows write their K/V to the
+  cache's pad_slot and attend over nothing (context length 0);
+- each graph is run once before capture (a warm-up: cuBLAS and the kernels initialise
+  themselves lazily, which must not happen inside a capture), and all graphs share one
+  memory pool, captured largest first, so the smaller ones reuse the largest one's memory.
+
+Logits and sampling stay outside the graph: they need only the B real rows.
+On a CPU (or with use_graphs=False) the same buffers run the forward eagerly.
+"""
+from __future__ import annotations
+
+import torch
+
+from course import parts
+
+_kv = parts.load("09", "kv_cache")
+AttentionMetadata = parts.load("08", "attention_metadata").AttentionMetadata
+
+# ids, positions, slot_mapping, seq_slots, context_lens: one row each of `inputs`
+ROWS = 5
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to max_batch (and max_batch itself)."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch]
+    sizes += list(range(16, max_batch, 16))
+    return sizes + [max_batch]
+
+
+class DecodeGraphs:
+    """Runs decode steps (one new token per sequence) for up to `max_batch` sequences.
+
+    model: a stage-08 LlamaModel whose attention is stage 09's KVCacheAttention; cache: its
+    KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__.
+    """
+
+    def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model, self.cache, self.max_batch = model, cache, max_batch
+        device = model.device
+        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; this model is on " + str(device))
+        self.sizes = graph_batch_sizes(max_batch)
+        # One pinned host buffer and one device buffer: a step's inputs cross in one copy.
+        self.inputs = torch.zeros((ROWS, max_batch), dtype=torch.int64, device=device)
+        self.host = torch.zeros((ROWS, max_batch), dtype=torch.int64,
+                                pin_memory=device.type == "cuda")
+        self.host_rows = self.host.numpy()
+        self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        self.rows = torch.arange(max_batch, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if self.use_graphs:
+            self.capture()
+
+    def padded_size(self, batch: int) -> int:
+        """The smallest captured batch size that holds `batch` sequences."""
+        for size in self.sizes:
+            if size >= batch:
+                return size
+        raise ValueError(f"a decode batch of {batch} sequences is larger than max_batch "
+                         f"{self.max_batch}")
+
+    def _step(self, size: int) -> torch.Tensor:
+        """The forward of the first `size` rows of `inputs` -> hidden [size, H]. Everything
+        it launches (the int32 casts included) is what a graph of this size records."""
+        ids, positions, slots = self.inputs[0, :size], self.inputs[1, :size], self.inputs[2, :size]
+        meta = AttentionMetadata(
+            cu_seqlens_q=self.cu_seqlens[: size + 1], cu_seqlens_k=self.cu_seqlens[: size + 1],
+            max_seqlen_q=1, max_seqlen_k=self.cache.max_len, last_rows=self.rows[:size],
+            kv_cache=self.cache, slot_mapping=slots,
+            seq_slots=self.inputs[3, :size].to(torch.int32),
+            context_lens=self.inputs[4, :size].to(torch.int32), decode=True)
+        return self.model.forward(ids, positions, meta)
+
+    def capture(self) -> None:
+        """Record one graph per batch size, largest first, in one shared memory pool."""
+        self._fill([], [], [], [], [], self.max_batch)  # padding everywhere: harmless to run
+        pool = None
+        # TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)
+        raise NotImplementedError("TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)")
+
+    def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
+              seq_slots: list[int], context_lens: list[int], size: int) -> None:
+        """Write a step's inputs into the host buffer, pad rows up to `size`, copy it over."""
+        n = len(ids)
+        # TODO stage 10: the five rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, seq_slots = pad_slot, context 0); one non_blocking copy into inputs (about 6 lines)
+        raise NotImplementedError("TODO stage 10: the five rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, seq_slots = pad_slot, context 0); one non_blocking copy into inputs (about 6 lines)")
+
+    def run(self, ids: list[int], plan) -> torch.Tensor:
+        """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
+        (plan.decode must be true). Returns hidden [B, H], a view valid until the next run."""
+        if not plan.decode or len(ids) != len(plan.positions):
+            raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
+        size = self.padded_size(len(ids))
+        self._fill(ids, plan.positions, plan.slot_mapping, plan.seq_slots, plan.context_lens,
+                   size)
+        # TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)
+        raise NotImplementedError("TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)")

@@ -1,0 +1,123 @@
+"""Stage 11: sequences and the scheduler, alone (sequence.py, scheduler.py). Pure Python."""
+from __future__ import annotations
+
+import pytest
+
+from course import parts
+
+
+def seq_mod():
+    return parts.load("11", "sequence")
+
+
+def sched_mod():
+    return parts.load("11", "scheduler")
+
+
+def make_scheduler(slots=4, max_len=64, max_seqs=8, budget=32, chunked=True):
+    S = sched_mod()
+    return S.Scheduler(S.SchedulerConfig(num_slots=slots, max_model_len=max_len,
+                                         max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                                         chunked_prefill=chunked))
+
+
+def new_seq(i: int, n: int):
+    return seq_mod().Sequence(i, list(range(1, n + 1)))
+
+
+def run_step(sched, batch, token=7):
+    """What the engine does after the model ran: complete each scheduled sequence's step."""
+    return [s for s in batch if s.complete_step(token)]
+
+
+def test_sequence_counts_and_keeps_only_the_token_of_a_complete_step():
+    s = new_seq(0, 10)
+    assert s.num_uncached == 10, "a new sequence has its whole prompt uncached"
+    s.num_scheduled = 6
+    assert s.complete_step(99) is False, (
+        "after a chunk of 6 of 10 prompt tokens the sampled token means nothing: drop it")
+    assert s.num_cached == 6 and s.num_scheduled == 0 and s.num_uncached == 4
+    assert s.token_ids == list(range(1, 11))
+    s.num_scheduled = 4
+    assert s.complete_step(42) is True, "the step that caches the whole prompt keeps its token"
+    assert s.output_ids == [42] and s.num_uncached == 1 and s.num_cached == 10
+
+
+def test_prefill_packs_prompts_in_arrival_order_within_budget():
+    sched = make_scheduler(budget=32, max_len=32, chunked=False)
+    for i, n in enumerate([10, 12, 11, 3]):
+        sched.add(new_seq(i, n))
+    batch = sched.schedule()
+    assert [s.seq_id for s in batch] == [0, 1], (
+        "10 + 12 tokens fit a budget of 32, the third prompt (11) does not: without chunked "
+        f"prefill it waits, and nothing behind it jumps the queue; got {[s.seq_id for s in batch]}")
+    assert [s.num_scheduled for s in batch] == [10, 12]
+    assert len({s.slot for s in batch}) == 2 and all(s.slot is not None for s in batch)
+
+
+def test_chunked_prefill_takes_what_is_left_of_the_budget():
+    sched = make_scheduler(budget=16, chunked=True)
+    sched.add(new_seq(0, 10))
+    sched.add(new_seq(1, 20))
+    batch = sched.schedule()
+    assert [(s.seq_id, s.num_scheduled) for s in batch] == [(0, 10), (1, 6)], (
+        "with chunked prefill the second prompt takes the 6 tokens left of the budget 16")
+    run_step(sched, batch)
+    batch = sched.schedule()
+    assert [(s.seq_id, s.num_scheduled) for s in batch] == [(1, 14)], (
+        "next step: the unfinished prompt continues (its 14 tokens), before any decode; got "
+        f"{[(s.seq_id, s.num_scheduled) for s in batch]}")
+    run_step(sched, batch)
+    batch = sched.schedule()
+    assert [(s.seq_id, s.num_scheduled) for s in batch] == [(0, 1), (1, 1)], (
+        "no prompt work left: a decode step of every running sequence, one token each")
+
+
+def test_long_prompt_is_chunked_over_several_steps():
+    sched = make_scheduler(budget=8, max_len=64)
+    sched.add(new_seq(0, 30))
+    sizes = []
+    while True:
+        batch = sched.schedule()
+        sizes.append(batch[0].num_scheduled)
+        if run_step(sched, batch):
+            break
+    assert sizes == [8, 8, 8, 6], f"30 prompt tokens through a budget of 8: {sizes}"
+
+
+def test_limits_on_slots_and_sequences():
+    sched = make_scheduler(slots=2, max_seqs=8, budget=100)
+    for i in range(5):
+        sched.add(new_seq(i, 3))
+    batch = sched.schedule()
+    assert len(batch) == 2, f"only 2 cache slots: admit 2 sequences, got {len(batch)}"
+    sched2 = make_scheduler(slots=8, max_seqs=3, budget=100)
+    for i in range(5):
+        sched2.add(new_seq(i, 3))
+    assert len(sched2.schedule()) == 3, "max_num_seqs 3: at most 3 running sequences"
+
+
+def test_finish_frees_the_slot_for_the_next_request():
+    sched = make_scheduler(slots=1)
+    a, b = new_seq(0, 4), new_seq(1, 4)
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert batch == [a]
+    run_step(sched, batch)
+    slot = a.slot
+    sched.finish(a, "max_tokens")
+    assert a.is_finished and a.finish_reason == "max_tokens" and a.slot is None
+    batch = sched.schedule()
+    assert batch == [b] and b.slot == slot, "b takes the slot a freed"
+
+
+def test_abort_a_waiting_request():
+    sched = make_scheduler(slots=1)
+    a, b = new_seq(0, 4), new_seq(1, 4)
+    sched.add(a)
+    sched.add(b)
+    sched.schedule()
+    sched.finish(b, "abort")
+    assert list(sched.waiting) == [] and b.finish_reason == "abort"
+    assert sched.has_unfinished(), "a is still running"

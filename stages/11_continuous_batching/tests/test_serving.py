@@ -1,0 +1,201 @@
+"""Stage 11: the engine serving many requests at once (your scheduler inside the reference
+engine, solutions/engine/llm_engine.py), on the CPU in float32 with the native twins.
+
+The oracle: each request run alone (stage 09's generate_greedy). Continuous batching must be
+invisible in the output: on the CPU in float32 every request's tokens equal its solo tokens
+exactly, whatever joined or left around it.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course import parts
+from grader import checks, fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gqa_tied")
+    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
+    config = parts.load("01", "config").load_config(directory)
+    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    return SimpleNamespace(config=config, weights=weights)
+
+
+def new_model(tiny):
+    return parts.load("08", "model").LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+
+
+def new_engine(tiny, eos=(), **config):
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    return LLMEngine(new_model(tiny), None, eos, EngineConfig(**config))
+
+
+def params(**kw):
+    return parts.load("11", "sampling_params").SamplingParams(**kw)
+
+
+class Solo:
+    """Each prompt's greedy tokens run alone (stage 09), computed once for MAX_NEW tokens: a
+    shorter max_tokens or an eos id cuts that list (greedy decoding does not look ahead)."""
+    MAX_NEW = 20
+
+    def __init__(self, tiny):
+        self.model, self.done = new_model(tiny), {}
+
+    def __call__(self, prompt, max_tokens, eos=()):
+        assert max_tokens <= self.MAX_NEW
+        key = tuple(prompt)
+        if key not in self.done:
+            gen = parts.load("09", "kv_cache").generate_greedy
+            self.done[key] = gen(self.model, list(prompt), self.MAX_NEW)
+        out = self.done[key][:max_tokens]
+        stop = next((i for i, t in enumerate(out) if t in eos), None)
+        return out if stop is None else out[: stop + 1]
+
+
+def check_invariants(engine, step: int) -> None:
+    """What must hold between any two steps."""
+    s = engine.scheduler
+    cfg = s.config
+    running, waiting = s.running, list(s.waiting)
+    where = f"after step {step}"
+    assert len(running) <= cfg.max_num_seqs, f"{where}: {len(running)} running > max_num_seqs"
+    slots = [q.slot for q in running]
+    assert None not in slots and len(set(slots)) == len(slots), (
+        f"{where}: every running sequence owns its own slot, got {slots}")
+    assert not set(slots) & set(s.free_slots), f"{where}: a slot is both used and free"
+    assert len(slots) + len(s.free_slots) == cfg.num_slots, (
+        f"{where}: free ({len(s.free_slots)}) + used ({len(slots)}) != {cfg.num_slots} slots: "
+        "a slot leaked or was freed twice")
+    for q in waiting:
+        assert q.slot is None and q.num_cached == 0, f"{where}: waiting {q.seq_id} holds cache"
+    for q in running:
+        assert 0 <= q.num_cached <= q.num_tokens <= cfg.max_model_len, (
+            f"{where}: sequence {q.seq_id} has {q.num_cached} cached of {q.num_tokens}")
+        assert not q.is_finished, f"{where}: finished sequence {q.seq_id} still running"
+
+
+def drive(engine, arrivals, check=True):
+    """Run the engine; arrivals: {step: [(prompt, SamplingParams)]}. Returns outputs by id."""
+    got, ids, step = {}, {}, 0
+    while engine.has_unfinished() or any(k >= step for k in arrivals):
+        for prompt, sp in arrivals.get(step, []):
+            rid = engine.add_request(prompt, sp)
+            ids[rid] = (prompt, sp)
+            got[rid] = []
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished and out.request_id in ids:
+                ids[out.request_id] = ids[out.request_id] + (out.finish_reason,)
+        if check:
+            check_invariants(engine, step)
+        step += 1
+        assert step < 20_000, "the engine does not finish: a request is never scheduled?"
+    return got, ids
+
+
+@pytest.mark.points(6)
+def test_soak_many_requests_through_few_slots(tiny):
+    """300 requests arrive at random steps with random prompts (of 1-30 tokens, from a pool of
+    50), stop points and eos handling, through a cache of 5 slots, at most 4 sequences and 24
+    tokens a step (so prompts get chunked)."""
+    rng = random.Random(1234)
+    vocab = tiny.config.vocab_size
+    pool = [[rng.randrange(4, vocab) for _ in range(rng.randint(1, 30))] for _ in range(50)]
+    eos = (3,)
+    per_token = parts.load("09", "kv_cache").KVCache.bytes_per_token(tiny.config, torch.float32)
+    engine = new_engine(tiny, eos=eos, max_model_len=48, max_num_seqs=4,
+                        max_num_batched_tokens=24, kv_cache_gib=5.5 * 48 * per_token / 2**30)
+    assert engine.runner.num_slots == 4, "the cache holds 5 sequences, capped at max_num_seqs 4"
+    arrivals: dict[int, list] = {}
+    for _ in range(300):
+        prompt = rng.choice(pool)
+        sp = params(max_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.2)
+        arrivals.setdefault(rng.randrange(0, 400), []).append((prompt, sp))
+    got, ids = drive(engine, arrivals)
+    solo = Solo(tiny)
+    for rid, (prompt, sp, reason) in ids.items():
+        expected = solo(prompt, sp.max_tokens, () if sp.ignore_eos else eos)
+        assert got[rid] == expected, (
+            f"request {rid} (prompt of {len(prompt)}, max_tokens {sp.max_tokens}) gave "
+            f"{got[rid]}, alone {expected}: a sequence's tokens must not depend on its "
+            "batch-mates (its own slot, positions, chunks)")
+        want = "eos" if expected and expected[-1] in eos and not sp.ignore_eos else "max_tokens"
+        assert reason in (want, "context"), f"request {rid}: finish reason {reason}, want {want}"
+    s = engine.scheduler
+    assert not s.running and not s.waiting and len(s.free_slots) == s.config.num_slots, (
+        "at the end every slot is free again")
+
+
+def test_requests_join_while_others_decode(tiny):
+    engine = new_engine(tiny, max_model_len=64, max_num_seqs=8)
+    a = engine.add_request([5, 6, 7, 8], params(max_tokens=10))
+    for _ in range(3):
+        engine.step()
+    b = engine.add_request([9, 10], params(max_tokens=4))
+    got, _ = drive(engine, {})
+    solo = Solo(tiny)
+    assert got[b] == solo([9, 10], 4)
+
+
+def test_abort_frees_the_slot_and_spares_the_others(tiny):
+    engine = new_engine(tiny, max_model_len=64, max_num_seqs=2, kv_cache_gib=1e-3)
+    a = engine.add_request([5, 6, 7], params(max_tokens=20))
+    b = engine.add_request([8, 9], params(max_tokens=20))
+    got = {a: [], b: []}
+    for _ in range(4):
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    out = engine.abort(a)
+    assert out.finished and out.finish_reason == "abort"
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.new_token_ids
+    assert got[b] == Solo(tiny)([8, 9], 20)
+    assert len(engine.scheduler.free_slots) == engine.scheduler.config.num_slots
+
+
+@pytest.mark.parametrize("bad,needle", [
+    (dict(prompt=[]), "empty"),
+    (dict(prompt=[1] * 65), "context"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(prompt=[1, 10**6]), "out of range"),
+])
+def test_bad_requests_are_refused_and_disturb_nobody(tiny, bad, needle):
+    engine = new_engine(tiny, max_model_len=64)
+    good = engine.add_request([5, 6, 7], params(max_tokens=6))
+    first = [t for out in engine.step() for t in out.new_token_ids]
+    prompt = bad.pop("prompt", [4, 5])
+    with pytest.raises((ValueError, IndexError), match=needle):
+        engine.add_request(prompt, params(**bad) if bad else params())
+    got, _ = drive(engine, {})
+    assert first + got.get(good, []) == Solo(tiny)([5, 6, 7], 6), (
+        "a refused request must not change what the running ones produce")
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny):
+    """A seeded random request draws the same numbers whatever else is in the batch."""
+    sp = params(max_tokens=12, temperature=0.9, top_k=20, top_p=0.9, seed=77)
+    alone = new_engine(tiny, max_model_len=64)
+    rid = alone.add_request([5, 6, 7, 8], sp)
+    got_alone, _ = drive(alone, {})
+    crowd = new_engine(tiny, max_model_len=64)
+    rng = random.Random(5)
+    arrivals = {0: [([rng.randrange(4, 200) for _ in range(9)], params(max_tokens=8,
+                                                                      temperature=1.0, seed=i))
+                    for i in range(3)],
+                2: [([5, 6, 7, 8], sp)]}
+    got, ids = drive(crowd, arrivals)
+    mine = next(r for r, v in ids.items() if v[1] is sp)
+    assert got[mine] == got_alone[rid], (
+        f"seeded request alone {got_alone[rid]}, in a batch {got[mine]}: its random numbers "
+        "must depend only on its seed and its own token count")
