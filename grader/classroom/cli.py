@@ -20,6 +20,10 @@ from grader.classroom import collect, grade, sandbox, similarity, submission
 from grader.classroom.text import clean
 
 
+# never hidden from the sandbox, even when a report is written there (the system must run)
+SYSTEM = {Path(p) for p in ("/", "/usr", "/bin", "/lib", "/lib64", "/etc", "/opt", "/var")}
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python3 -m grader class",
@@ -36,8 +40,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="suspicious pairs (shared lines with the reference or a classmate) as JSON")
     p.add_argument("--extra-tests", type=Path, metavar="DIR",
                    help="instructor's hidden tests: DIR/NN_name/ (or DIR/NN/) is added to stage NN")
-    p.add_argument("--progress", type=Path, metavar="FILE", default=Path("class-progress.jsonl"),
-                   help="results appended as each student finishes (default %(default)s)")
+    p.add_argument("--progress", type=Path, metavar="FILE",
+                   help="results appended as each student finishes "
+                        "(default: SUBMISSIONS-progress.jsonl beside SUBMISSIONS)")
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in the progress file; grade the rest")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -52,6 +57,8 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     if not args.submissions.is_dir():
         raise manifest.UnknownStage(f"{args.submissions} is not a directory of submissions")
+    subs = args.submissions.resolve()
+    args.progress = args.progress or subs.with_name(subs.name + "-progress.jsonl")
     chosen = ([manifest.find_ready(x) for x in args.stages.split(",")] if args.stages
               else [s for s in manifest.stages() if s.ready])
     print(f"sandbox: {sandbox.mode()}")
@@ -63,11 +70,10 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)
             return 2
     outputs = [p for p in (args.csv, args.json, args.junit, args.similarity, args.progress) if p]
+    hidden = [subs, *(p.resolve().parent for p in outputs),
+              *([args.extra_tests.resolve()] if args.extra_tests else [])]
     settings = grade.Settings(args.extra_tests, args.timeout, args.compile_timeout,
-                              args.verbose, hidden=[args.submissions.resolve(),
-                                                    *(p.resolve().parent for p in outputs),
-                                                    *([args.extra_tests.resolve()]
-                                                      if args.extra_tests else [])])
+                              args.verbose, hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
     args.progress.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
     students = submission.students(args.submissions)
