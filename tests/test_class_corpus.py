@@ -145,3 +145,28 @@ def test_resume_grades_only_what_is_missing(graded):
                   if " stage 02: " in ln and not ln.startswith("similar:")]
     assert [ln.split()[0] for ln in graded_now] == ["plain_file"]
     assert (tmp / "again.csv").read_text() == Path(f"{graded['out']}.csv").read_text()
+
+
+def test_stage_01_through_the_judge(tmp_path):
+    """Stage 01's CPU tests pass through the worker for the reference parts (zero-copy views
+    of the mapped file, tied embeddings, exceptions with two bases) and fail for the skeleton;
+    GPU tests are 'not graded' here, never passed."""
+    subs = tmp_path / "submissions"
+    ctx = cases.Context(manifest.ROOT, tmp_path / "hidden", subs / "honest")
+    cases.honest(subs / "honest", ctx, "01")
+    cases.skeleton(subs / "skeleton", ctx, "01")
+    proc = grade_class(str(subs), "--stages", "01", "--json", str(tmp_path / "g.json"),
+                       "--timeout", "90", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = {r["student"]: r for r in json.loads((tmp_path / "g.json").read_text())}
+    gpu_free = "not_graded" if not _has_cuda() else "passed"
+    for t in records["honest"]["tests"]:
+        assert t["outcome"] in ("passed", gpu_free), t
+    assert any("test_tensors_are_views_of_the_mapped_file" in t["name"] and
+               t["outcome"] == "passed" for t in records["honest"]["tests"])
+    assert not any(t["outcome"] == "passed" for t in records["skeleton"]["tests"])
+
+
+def _has_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()

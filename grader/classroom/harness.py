@@ -132,8 +132,14 @@ class Worker:
         if t is dict:
             return {self.encode(k, ctx, depth + 1): self.encode(v, ctx, depth + 1)
                     for k, v in value.items()}
-        if "torch" in sys.modules and isinstance(value, sys.modules["torch"].Tensor):
-            return self.encode_tensor(value, ctx)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            if isinstance(value, torch.Tensor):
+                return self.encode_tensor(value, ctx)
+            if t is torch.dtype:
+                return _Pid(("dtype", str(value).removeprefix("torch.")))
+            if t is torch.Size:
+                return _Pid(("size", tuple(int(n) for n in value)))
         if isinstance(value, type) and issubclass(value, BaseException):
             return _Pid(("exc_class", self.register_class(value, ctx)))
         kind = ("module" if t.__name__ == "module" else "class" if isinstance(value, type)

@@ -266,6 +266,13 @@ class Connection:
             return Remote(self, self.gen, pid[1], pid[2], pid[3][:200])
         if pid[0] == "exc_class" and len(pid) == 2:
             return self._mirror(pid[1], classes, set())
+        if pid[0] in ("dtype", "size") and len(pid) == 2:
+            import torch
+            if pid[0] == "size" and _ints(pid[1]):
+                return torch.Size(pid[1])
+            dtype = getattr(torch, pid[1], None) if isinstance(pid[1], str) else None
+            if isinstance(dtype, torch.dtype):
+                return dtype
         if pid[0] == "tensor" and len(pid) == 6:
             return self._tensor(pid[1:], storages, built)
         raise protocol.ProtocolError(f"unknown persistent id {str(pid)[:80]}")
