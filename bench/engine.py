@@ -76,7 +76,7 @@ def timed(fn: Callable[[], object], runs: int, warmup: int = 1) -> tuple[float, 
     return statistics.median(times), times
 
 
-def build_models(shape: dict, seed: int):
+def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NEW_TOKENS):
     """(transformers model, our LlamaModel) with the same random bf16 weights on DEVICE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -92,7 +92,7 @@ def build_models(shape: dict, seed: int):
     config = parts.load("01", "config").load_config(json.loads(hf_config.to_json_string()))
     model_mod = parts.load("08", "model")
     ours = model_mod.LlamaModel(config, hf.state_dict(), device=DEVICE, dtype=torch.bfloat16,
-                                max_positions=PROMPT_TOKENS + NEW_TOKENS)
+                                max_positions=max_positions)
     return hf, ours, model_mod
 
 

@@ -1,0 +1,138 @@
+"""Serving benchmark: the reference engine beside transformers on the same random weights.
+
+    python3 -m bench.throughput [--json FILE] [--quick] [--skip-hf]
+
+Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
+
+Random bf16 weights with Llama-3.2-1B's exact shapes (bench.engine.SHAPES), built in this
+process. Random weights never stop early: every request runs to its max tokens (EOS ignored).
+
+  offline throughput   nano-vllm's workload: 256 requests, prompt and output lengths
+                       uniform in [100, 1024], seed 0; output tokens per second. Ours: every
+                       request added to the engine at once (continuous batching).
+                       transformers: generate() on all 256 left-padded prompts in one batch
+                       (its dynamic cache; each request's own output length counts, the
+                       padding work does not), or fewer with --quick.
+  batch-1 decode       a 32-token prompt, 256 new tokens: ms per output token after the first
+                       (ours: decode steps replayed from CUDA graphs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+import torch
+
+from bench.engine import SHAPES, build_models, sync
+from bench.timing import report_no_cuda
+
+NUM_REQUESTS = 256
+LENGTHS = (100, 1024)
+BATCH1_PROMPT, BATCH1_NEW = 32, 256
+
+
+def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """nano-vllm's bench.py: n (prompt ids, output length) pairs, lengths uniform in LENGTHS."""
+    rng = random.Random(seed)
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*LENGTHS))],
+             rng.randint(*LENGTHS)) for _ in range(n)]
+
+
+def new_engine(model, max_model_len: int):
+    from course import parts
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=max_model_len))
+    return engine, parts.load("11", "sampling_params").SamplingParams
+
+
+def run_ours(engine, SamplingParams, requests) -> tuple[float, int]:
+    """(seconds, output tokens) to serve every request."""
+    sync()
+    t0 = time.perf_counter()
+    for prompt, n in requests:
+        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    tokens = 0
+    while engine.has_unfinished():
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    sync()
+    return time.perf_counter() - t0, tokens
+
+
+@torch.no_grad()
+def run_hf(hf, requests) -> tuple[float, int]:
+    """transformers generate() on all requests in one left-padded batch."""
+    longest = max(len(p) for p, _ in requests)
+    ids = torch.zeros((len(requests), longest), dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for i, (p, _) in enumerate(requests):
+        ids[i, longest - len(p):] = torch.tensor(p)
+        mask[i, longest - len(p):] = 1
+    new = max(n for _, n in requests)
+    sync()
+    t0 = time.perf_counter()
+    hf.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new,
+                min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None,
+                temperature=None, top_p=None, top_k=None)
+    sync()
+    return time.perf_counter() - t0, sum(n for _, n in requests)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m bench.throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--quick", action="store_true", help="64 requests instead of 256")
+    p.add_argument("--skip-hf", action="store_true", help="measure this engine only")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        return report_no_cuda("bench.throughput", args.json, "results")
+    import transformers
+    transformers.logging.set_verbosity_error()
+    shape = SHAPES["Llama-3.2-1B"]
+    hf, model, _ = build_models(shape, seed=0, max_positions=2 * LENGTHS[1])
+    n = 64 if args.quick else NUM_REQUESTS
+    requests = workload(n, shape["vocab_size"])
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "transformers": transformers.__version__, "requests": n}
+
+    t = time.perf_counter()
+    engine, SamplingParams = new_engine(model, max_model_len=2 * LENGTHS[1])
+    print(f"engine ready in {time.perf_counter() - t:.1f} s: {engine.runner.describe()}",
+          flush=True)
+    run_ours(engine, SamplingParams, requests[:8])            # warm-up
+    seconds, tokens = run_ours(engine, SamplingParams, requests)
+    result["ours_tok_s"] = tokens / seconds
+    print(f"ours: {n} requests, {tokens} output tokens in {seconds:.2f} s = "
+          f"{tokens / seconds:,.0f} tok/s", flush=True)
+
+    prompt = requests[0][0][:BATCH1_PROMPT]
+    times = []
+    for _ in range(3):
+        t1, _ = run_ours(engine, SamplingParams, [(prompt, 1)])
+        tn, _ = run_ours(engine, SamplingParams, [(prompt, BATCH1_NEW)])
+        times.append((tn - t1) / (BATCH1_NEW - 1))
+    result["ours_batch1_ms"] = sorted(times)[1] * 1e3
+    print(f"ours: batch-1 decode {result['ours_batch1_ms']:.3f} ms per token (median of 3)",
+          flush=True)
+
+    if not args.skip_hf:
+        del engine
+        torch.cuda.empty_cache()
+        seconds, tokens = run_hf(hf, requests)
+        result["hf_tok_s"] = tokens / seconds
+        result["ratio"] = result["ours_tok_s"] / result["hf_tok_s"]
+        print(f"transformers (dynamic cache, one padded batch of {n}): {seconds:.1f} s = "
+              f"{tokens / seconds:,.0f} useful tok/s; ours / transformers = "
+              f"{result['ratio']:.1f}x", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
