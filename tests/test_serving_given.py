@@ -2,6 +2,8 @@
 step plans, decode-graph batch sizes and inputs, batch prompts, scheduler limits."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -23,10 +25,25 @@ def model(tmp_path_factory):
 
 
 def test_step_plan_rejects_what_does_not_fit():
+    cache = SimpleNamespace(block_size=10, num_blocks=3)
     with pytest.raises(ValueError, match="do not fit"):
-        kv().StepPlan.build([kv().SeqStep(0, 8, 3)], max_len=10, num_slots=1)
+        kv().StepPlan.build([kv().SeqStep([0], 8, 3)], cache)
+    with pytest.raises(ValueError, match="blocks in 0..2"):
+        kv().StepPlan.build([kv().SeqStep([0, 3], 8, 3)], cache)
     with pytest.raises(ValueError, match="at least one"):
-        kv().StepPlan.build([], max_len=10, num_slots=1)
+        kv().StepPlan.build([], cache)
+
+
+def test_step_plan_maps_positions_through_block_tables():
+    """Position p of a sequence is row blocks[p // block_size] * block_size + p % block_size."""
+    plan = kv().StepPlan.build([kv().SeqStep([5, 2], 3, 3), kv().SeqStep([1], 0, 2)],
+                               SimpleNamespace(block_size=4, num_blocks=6))
+    assert plan.positions == [3, 4, 5, 0, 1]
+    assert plan.slot_mapping == [5 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 1 * 4 + 0, 1 * 4 + 1]
+    assert plan.key_rows == [20, 21, 22, 23, 8, 9, 4, 5]
+    assert plan.cu_seqlens_q == [0, 3, 5] and plan.cu_seqlens_k == [0, 6, 8]
+    assert plan.context_lens == [6, 2] and not plan.decode
+    assert plan.padded_block_tables() == [[5, 2], [1, 0]] and plan.seq_slots == [5, 1]
 
 
 def test_graph_batch_sizes():
@@ -42,10 +59,10 @@ def test_decode_graphs_run_decode_steps_only(model):
     model.attention = kv().KVCacheAttention()
     decoder = parts.reference("10", "decode_graphs").DecodeGraphs(model, cache, max_batch=8,
                                                                   use_graphs=False)
-    prefill = kv().StepPlan.build([kv().SeqStep(0, 3, 2)], cache.max_len, cache.num_slots)
+    prefill = kv().StepPlan.build([kv().SeqStep([0], 3, 2)], cache)
     with pytest.raises(ValueError, match="decode"):
         decoder.run([1, 2], prefill)
-    too_many = kv().StepPlan.build([kv().SeqStep(0, 20, 1)] * 9, cache.max_len, cache.num_slots)
+    too_many = kv().StepPlan.build([kv().SeqStep([0], 20, 1)] * 9, cache)
     with pytest.raises(ValueError, match="larger than max_batch"):
         decoder.run([1] * 9, too_many)
     with pytest.raises(ValueError, match="CUDA device"):
@@ -65,13 +82,14 @@ def test_bad_batches_are_refused(model):
 def test_scheduler_refuses_what_can_never_run():
     S = parts.reference("11", "scheduler")
     Sequence = parts.reference("11", "sequence").Sequence
-    sched = S.Scheduler(S.SchedulerConfig(num_slots=2, max_model_len=16))
+    sched = S.Scheduler(S.SchedulerConfig(max_model_len=16), num_slots=2)
     with pytest.raises(ValueError, match="context"):
         sched.add(Sequence(0, list(range(17))))
     with pytest.raises(ValueError, match="prompt"):
         Sequence(1, [])
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        S.SchedulerConfig(num_slots=1, max_model_len=64, max_num_batched_tokens=32,
-                          chunked_prefill=False)
-    with pytest.raises(ValueError, match="num_slots"):
-        S.SchedulerConfig(num_slots=0, max_model_len=64)
+        S.SchedulerConfig(max_model_len=64, max_num_batched_tokens=32, chunked_prefill=False)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        S.SchedulerConfig(max_model_len=64, max_num_seqs=0)
+    with pytest.raises(ValueError, match="allocator"):
+        S.Scheduler(S.SchedulerConfig(max_model_len=64))

@@ -45,6 +45,8 @@ class KVCache:
                              f"{n_kv_heads}, {head_dim}")
         self.num_slots, self.max_len = num_slots, max_len
         self.pad_slot = num_slots   # the extra slot that padding rows write to
+        # Seen as a paged cache (stage 13): blocks of max_len positions, one per sequence.
+        self.block_size, self.num_blocks = max_len, num_slots + 1
         # BEGIN SOLUTION: per layer, zero k and v tensors [num_slots + 1, max_len, n_kv_heads, head_dim]
         shape = (num_slots + 1, max_len, n_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -85,62 +87,84 @@ class KVCache:
 
 @dataclass
 class SeqStep:
-    """One sequence's share of a step: its cache slot, tokens already cached, new tokens."""
-    slot: int
+    """One sequence's share of a step: the cache blocks it owns, in order (here one block, its
+    slot: `[slot]`; stage 13 pages the cache), tokens already cached, new tokens."""
+    blocks: Sequence[int]
     cached: int
     new: int
 
 
 @dataclass
 class StepPlan:
-    """A step on the host: plain lists, checked once, then copied to the device."""
+    """A step on the host: plain lists, checked once, then copied to the device.
+
+    Position p of a sequence lives in cache row blocks[p // block_size] * block_size +
+    p % block_size of the flat [rows, n_kv_heads, head_dim] view: with one block of max_len
+    positions per sequence (this stage's cache) that is slot * max_len + p.
+    """
     positions: list[int]
     cu_seqlens_q: list[int]
     cu_seqlens_k: list[int]
     slot_mapping: list[int]
-    seq_slots: list[int]
+    block_tables: list[list[int]]
     context_lens: list[int]
     key_rows: list[int] | None
     decode: bool
 
     @classmethod
-    def build(cls, steps: Sequence[SeqStep], max_len: int, num_slots: int) -> "StepPlan":
-        """The plan of a step; ValueError for a sequence that does not fit its slot."""
+    def build(cls, steps: Sequence[SeqStep], cache) -> "StepPlan":
+        """The plan of a step over `cache` (its block_size and num_blocks); ValueError for a
+        sequence that does not fit the blocks it owns."""
         if not steps:
             raise ValueError("a step needs at least one sequence")
+        bs, n_blocks = cache.block_size, cache.num_blocks
         for s in steps:
-            if not 0 <= s.slot <= num_slots or s.cached < 0 or s.new < 1:
-                raise ValueError(f"bad sequence step {s}: slot in 0..{num_slots}, cached >= 0 "
-                                 "and at least one new token")
-            if s.cached + s.new > max_len:
-                raise ValueError(f"{s.cached} cached + {s.new} new tokens do not fit a cache "
-                                 f"slot of {max_len} positions")
-        positions = [p for s in steps for p in range(s.cached, s.cached + s.new)]
-        rows = [s.slot * max_len + p for s in steps for p in range(s.cached, s.cached + s.new)]
+            if s.cached < 0 or s.new < 1 or not all(0 <= b < n_blocks for b in s.blocks):
+                raise ValueError(f"bad sequence step {s}: blocks in 0..{n_blocks - 1}, cached "
+                                 ">= 0 and at least one new token")
+            if s.cached + s.new > len(s.blocks) * bs:
+                raise ValueError(f"{s.cached} cached + {s.new} new tokens do not fit "
+                                 f"{len(s.blocks)} cache block(s) of {bs} positions")
+
+        def rows(s: SeqStep, start: int, end: int) -> list[int]:
+            return [s.blocks[p // bs] * bs + p % bs for p in range(start, end)]
         decode = all(s.new == 1 for s in steps)
-        has_cached = any(s.cached for s in steps)
         key_rows = None
-        if has_cached and not decode:
-            key_rows = [s.slot * max_len + p for s in steps for p in range(s.cached + s.new)]
-        return cls(positions=positions,
+        if not decode and any(s.cached for s in steps):
+            key_rows = [r for s in steps for r in rows(s, 0, s.cached + s.new)]
+        return cls(positions=[p for s in steps for p in range(s.cached, s.cached + s.new)],
                    cu_seqlens_q=offsets([s.new for s in steps]),
                    cu_seqlens_k=offsets([s.cached + s.new for s in steps]),
-                   slot_mapping=rows, seq_slots=[s.slot for s in steps],
+                   slot_mapping=[r for s in steps for r in rows(s, s.cached, s.cached + s.new)],
+                   block_tables=[list(s.blocks) for s in steps],
                    context_lens=[s.cached + s.new for s in steps], key_rows=key_rows,
                    decode=decode)
+
+    @property
+    def seq_slots(self) -> list[int]:
+        """Each sequence's first block: its slot in a cache of one block per sequence."""
+        return [blocks[0] for blocks in self.block_tables]
+
+    def padded_block_tables(self, width: int | None = None) -> list[list[int]]:
+        """The block tables as a rectangle, rows padded with 0 to `width` (default: the
+        longest); a kernel reads only the blocks its context length needs."""
+        width = width or max(len(b) for b in self.block_tables)
+        return [b + [0] * (width - len(b)) for b in self.block_tables]
 
     def metadata(self, cache: KVCache, device: str | torch.device
                  ) -> tuple[torch.Tensor, AttentionMetadata]:
         """(positions [T] int64, AttentionMetadata) on `device`."""
         def t(values, dtype):
             return to_device(values, dtype, device)
-        cu_q = t(self.cu_seqlens_q, torch.int32)
         lens_q = [b - a for a, b in zip(self.cu_seqlens_q, self.cu_seqlens_q[1:])]
         meta = AttentionMetadata(
-            cu_seqlens_q=cu_q, cu_seqlens_k=t(self.cu_seqlens_k, torch.int32),
+            cu_seqlens_q=t(self.cu_seqlens_q, torch.int32),
+            cu_seqlens_k=t(self.cu_seqlens_k, torch.int32),
             max_seqlen_q=max(lens_q), max_seqlen_k=max(self.context_lens),
             last_rows=t([c - 1 for c in self.cu_seqlens_q[1:]], torch.int64), kv_cache=cache,
-            slot_mapping=t(self.slot_mapping, torch.int64), seq_slots=t(self.seq_slots, torch.int32),
+            slot_mapping=t(self.slot_mapping, torch.int64),
+            seq_slots=t(self.seq_slots, torch.int32),
+            block_tables=t(self.padded_block_tables(), torch.int32),
             context_lens=t(self.context_lens, torch.int32),
             key_rows=None if self.key_rows is None else t(self.key_rows, torch.int64),
             decode=self.decode)
@@ -194,11 +218,10 @@ def generate_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=(
     model.attention = KVCacheAttention()
     argmax, eos = ops.get("argmax"), set(eos_ids)
     out: list[int] = []
-    # BEGIN SOLUTION: prefill the prompt (SeqStep(0, 0, len)); then while tokens remain, decode the last token (SeqStep(0, cached, 1)); stop after an eos
+    # BEGIN SOLUTION: prefill the prompt (SeqStep([0], 0, len)); then while tokens remain, decode the last token (SeqStep([0], cached, 1)); stop after an eos
     ids, cached = list(prompt_ids), 0
     while len(out) < max_new_tokens:
-        plan = StepPlan.build([SeqStep(0, cached, len(ids) - cached)], cache.max_len,
-                              cache.num_slots)
+        plan = StepPlan.build([SeqStep([0], cached, len(ids) - cached)], cache)
         positions, meta = plan.metadata(cache, model.device)
         tokens = torch.tensor(ids[cached:], dtype=torch.int64, device=model.device)
         logits = model.compute_logits(model.forward(tokens, positions, meta), meta.last_rows)

@@ -51,8 +51,7 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     seqs = [list(p) for p in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
     # BEGIN SOLUTION: one packed prefill of every prompt (slot i = prompt i); then, while some sequence is running, a decode step of the running ones through decoder.run; drop a sequence after eos or max_new_tokens
-    plan = StepPlan.build([SeqStep(i, 0, len(p)) for i, p in enumerate(seqs)], cache.max_len,
-                          cache.num_slots)
+    plan = StepPlan.build([SeqStep([i], 0, len(p)) for i, p in enumerate(seqs)], cache)
     positions, meta = plan.metadata(cache, model.device)
     ids = torch.tensor([t for p in seqs for t in p], dtype=torch.int64, device=model.device)
     tokens = argmax(model.compute_logits(model.forward(ids, positions, meta), meta.last_rows))
@@ -67,8 +66,7 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
         running = still
         if not running:
             return outputs
-        plan = StepPlan.build([SeqStep(i, len(seqs[i]) - 1, 1) for i in running],
-                              cache.max_len, cache.num_slots)
+        plan = StepPlan.build([SeqStep([i], len(seqs[i]) - 1, 1) for i in running], cache)
         hidden = decoder.run([seqs[i][-1] for i in running], plan)
         tokens = argmax(model.compute_logits(hidden, decoder.rows[: len(running)]))
     # END SOLUTION

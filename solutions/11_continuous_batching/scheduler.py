@@ -19,15 +19,20 @@ Keeping the two apart keeps decode steps uniform (one token per sequence: stage 
 graphs, stage 09's decode kernel). While a long prompt is prefilled the running sequences
 wait a step; chunking bounds how long.
 
-Each running sequence owns one cache slot of max_model_len positions (stage 09's contiguous
-cache), reserved when it is admitted, so a running sequence can never run out of cache and
-nothing is ever preempted -- at the price of reserving memory it may never use. Stage 13's
-paged cache gives memory out a block at a time instead, and then must preempt.
+Cache memory comes from an allocator (`CacheAllocator`). This stage's `SlotAllocator` gives
+each admitted sequence one slot of max_model_len positions (stage 09's contiguous cache), so
+a running sequence can never run out of cache -- at the price of reserving memory it may never
+use. Stage 13's block manager gives memory out a block at a time instead; then a decode step
+can find no block for a sequence's next token, and the scheduler PREEMPTS: it frees the
+newest running sequence's cache and puts it back at the front of the queue, to be prefilled
+again later (recompute), never lost. The policy is written here, against the interface; with
+slots it never fires (the tests drive it with an allocator that runs out).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from course import parts
 
@@ -35,19 +40,62 @@ _seq = parts.load("11", "sequence")
 Sequence, SequenceStatus = _seq.Sequence, _seq.SequenceStatus
 
 
+class CacheAllocator(Protocol):
+    """Where the scheduler gets cache for its sequences (stage 13's BlockManager is one)."""
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        """Is there cache for all of seq's tokens now?"""
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give seq cache for all its tokens (seq.block_table). May find some of them cached
+        already (stage 13's prefix cache) and raise seq.num_cached to match."""
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Can seq's newest token get a cache position?"""
+
+    def append(self, seq: Sequence) -> None:
+        """Make room for seq's newest token (a new block when the last one is full)."""
+
+    def free(self, seq: Sequence) -> None:
+        """Take back all of seq's cache (seq.block_table becomes empty)."""
+
+
+class SlotAllocator:
+    """One slot of max_model_len positions per sequence: block_table = [slot]."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.free_slots: list[int] = list(range(num_slots - 1, -1, -1))
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        return bool(self.free_slots)
+
+    def allocate(self, seq: Sequence) -> None:
+        seq.block_table = [self.free_slots.pop()]
+
+    def can_append(self, seq: Sequence) -> bool:
+        return True   # the slot holds the whole context
+
+    def append(self, seq: Sequence) -> None:
+        pass
+
+    def free(self, seq: Sequence) -> None:
+        self.free_slots.extend(seq.block_table)
+        seq.block_table = []
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """num_slots: cache slots (sequences that can hold a cache at once); max_model_len:
-    positions per slot; max_num_seqs: sequences per step; max_num_batched_tokens: tokens per
-    step; chunked_prefill: split prompts longer than the budget left."""
-    num_slots: int
+    """max_model_len: positions per sequence; max_num_seqs: sequences per step;
+    max_num_batched_tokens: tokens per step; chunked_prefill: split prompts longer than the
+    budget left."""
     max_model_len: int
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
@@ -57,11 +105,19 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig):
-        self.config = config
+    """config: the limits; allocator: where cache comes from (default: SlotAllocator of
+    num_slots slots)."""
+
+    def __init__(self, config: SchedulerConfig, allocator: CacheAllocator | None = None,
+                 num_slots: int | None = None):
+        if allocator is None:
+            if num_slots is None:
+                raise ValueError("give the scheduler an allocator or a number of cache slots")
+            allocator = SlotAllocator(num_slots)
+        self.config, self.allocator = config, allocator
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.free_slots: list[int] = list(range(config.num_slots - 1, -1, -1))
+        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. A prompt that can never run is refused here, not later."""
@@ -80,19 +136,20 @@ class Scheduler:
         c = self.config
         budget = c.max_num_batched_tokens
         batch: list[Sequence] = []
-        # BEGIN SOLUTION: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (slot, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode every running sequence, one token each
+        # BEGIN SOLUTION: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each
         for seq in self.running:
             if seq.num_uncached > 1 and budget > 0:
                 seq.num_scheduled = min(seq.num_uncached, budget)
                 budget -= seq.num_scheduled
                 batch.append(seq)
-        while self.waiting and budget > 0 and self.free_slots \
-                and len(self.running) < c.max_num_seqs:
+        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
             seq = self.waiting[0]
             if seq.num_uncached > budget and not c.chunked_prefill:
                 break
+            if not self.allocator.can_allocate(seq):
+                break
             self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            self.allocator.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             seq.num_scheduled = min(seq.num_uncached, budget)
             budget -= seq.num_scheduled
@@ -100,19 +157,40 @@ class Scheduler:
             batch.append(seq)
         if batch:
             return batch
-        for seq in self.running:
-            seq.num_scheduled = 1
-        return list(self.running)
+        for seq in list(self.running):
+            if seq not in self.running:        # preempted earlier in this loop
+                continue
+            while not self.allocator.can_append(seq):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            if seq in self.running:
+                self.allocator.append(seq)
+                seq.num_scheduled = 1
+                batch.append(seq)
+        return batch
+        # END SOLUTION
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's cache and queue it first: it is prefilled again (prompt
+        and output so far) when there is room. Its tokens are kept; nothing is lost."""
+        # BEGIN SOLUTION: leave running, allocator.free, num_cached = 0, WAITING, front of the queue
+        self.running.remove(seq)
+        self.allocator.free(seq)
+        seq.num_cached = seq.num_scheduled = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
         # END SOLUTION
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (finished or aborted): it leaves the running set or the queue and
-        its slot is free for the next request."""
-        # BEGIN SOLUTION: remove it from running (free its slot) or from waiting; status FINISHED, finish_reason
+        its cache goes back to the allocator."""
+        # BEGIN SOLUTION: remove it from running (allocator.free) or from waiting; status FINISHED, finish_reason
         if seq in self.running:
             self.running.remove(seq)
-            self.free_slots.append(seq.slot)
-            seq.slot = None
+            self.allocator.free(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED

@@ -9,6 +9,8 @@ nothing cached (a prefill of its whole prompt), a long prompt can be fed in chun
 prefill: several steps with num_scheduled < the uncached rest), and a running request has
 exactly its newest token uncached (a decode step). A step's sampled token is kept only when
 the step made the whole sequence cached; a chunk that ends inside the prompt samples nothing.
+A preempted sequence (stage 13) simply goes back to num_cached = 0 with all its tokens, and
+is prefilled again -- prompt and output alike -- when it is readmitted.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ SamplingParams = parts.load("11", "sampling_params").SamplingParams
 
 class SequenceStatus(Enum):
     WAITING = "waiting"     # in the queue, owns no cache
-    RUNNING = "running"     # owns a cache slot, scheduled every step until it finishes
-    FINISHED = "finished"   # done (finish_reason says why); its slot is free again
+    RUNNING = "running"     # owns cache, scheduled every step until it finishes
+    FINISHED = "finished"   # done (finish_reason says why); its cache is free again
 
 
 @dataclass(eq=False)
@@ -36,7 +38,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_cached: int = 0
     num_scheduled: int = 0
-    slot: int | None = None          # the KV-cache slot it owns while running
+    block_table: list[int] = field(default_factory=list)   # the cache blocks it owns (its slot)
     finish_reason: str | None = None
 
     def __post_init__(self) -> None:

@@ -63,11 +63,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.config)
         c = self.config
         self.scheduler = _sched.Scheduler(_sched.SchedulerConfig(
-            num_slots=self.runner.num_slots, max_model_len=self.runner.max_len,
+            max_model_len=self.runner.max_len,
             max_num_seqs=min(c.max_num_seqs, self.runner.num_slots),
             max_num_batched_tokens=max(c.max_num_batched_tokens,
                                        0 if c.chunked_prefill else self.runner.max_len),
-            chunked_prefill=c.chunked_prefill))
+            chunked_prefill=c.chunked_prefill), self.runner.allocator)
         self.requests: dict[int, _Request] = {}
         self._ids = itertools.count()
         self._stopping = parts.load("02", "stopping")

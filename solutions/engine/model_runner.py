@@ -20,6 +20,7 @@ from solutions.engine import sampler
 
 _kv = parts.load("09", "kv_cache")
 DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
+SlotAllocator = parts.load("11", "scheduler").SlotAllocator
 
 GiB = 1 << 30
 
@@ -81,6 +82,7 @@ class ModelRunner:
         self.max_len = config.model_len(model)
         self.num_slots = kv_cache_slots(model, config, self.max_len)
         self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
+        self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
         model.attention = _kv.KVCacheAttention()
         use_graphs = config.use_cuda_graphs and model.device.type == "cuda"
         self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
@@ -98,8 +100,8 @@ class ModelRunner:
     def run(self, seqs: list) -> list[int]:
         """Run the step; return one sampled token per sequence (meaningful for those whose
         step reaches the end of their tokens; a prompt chunk's sample is ignored)."""
-        steps = [_kv.SeqStep(s.slot, s.num_cached, s.num_scheduled) for s in seqs]
-        plan = _kv.StepPlan.build(steps, self.max_len, self.num_slots)
+        steps = [_kv.SeqStep(s.block_table, s.num_cached, s.num_scheduled) for s in seqs]
+        plan = _kv.StepPlan.build(steps, self.cache)
         model = self.model
         if plan.decode:
             hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan)

@@ -43,7 +43,9 @@ class AttentionMetadata:
     last_rows: [B] int64, the packed row of each sequence's last new token (its logits).
     kv_cache: the stage-09 cache object, or None (stage 08: attention over the new tokens).
     slot_mapping: [T] int64, the cache row each new token's K/V is written to.
-    seq_slots: [B] int32, the cache slot each sequence owns (decode reads it).
+    seq_slots: [B] int32, the cache slot each sequence owns (stage 09's decode reads it).
+    block_tables: [B, max_blocks] int32, the cache blocks of each sequence (stage 14's paged
+        decode reads them; stage 09's cache has one block per sequence, its slot).
     context_lens: [B] int32, keys each sequence attends to (cached + new).
     key_rows: [sum of keys] int64, the cache rows of every sequence's keys, packed by
         cu_seqlens_k; None when no sequence brings cached keys (then the new K/V are the keys).
@@ -57,6 +59,7 @@ class AttentionMetadata:
     kv_cache: Any = None
     slot_mapping: torch.Tensor | None = None
     seq_slots: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
     key_rows: torch.Tensor | None = None
     decode: bool = False

@@ -10,7 +10,7 @@ frozen at capture, so:
 - nothing in the step may read a GPU value on the host (no .item(), no data-dependent Python
   branches): the model's forward was written that way (stages 07-09);
 - shapes are frozen too, so there is one graph per batch size. Batches are padded up to the
-  next captured size (1, 2, 4, 8, 16, 24, 32, ...): padding rows write their K/V to the
+  next captured size (1, 2, 4, 8, 16, 32, 48, ...): padding rows write their K/V to the
   cache's pad_slot and attend over nothing (context length 0);
 - each graph is run once before capture (a warm-up: cuBLAS and the kernels initialise
   themselves lazily, which must not happen inside a capture), and all graphs share one
@@ -28,8 +28,8 @@ from course import parts
 _kv = parts.load("09", "kv_cache")
 AttentionMetadata = parts.load("08", "attention_metadata").AttentionMetadata
 
-# ids, positions, slot_mapping, seq_slots, context_lens: one row each of `inputs`
-ROWS = 5
+# ids, positions, slot_mapping, context_lens: one row each of `inputs`
+ROWS = 4
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -43,10 +43,12 @@ class DecodeGraphs:
     """Runs decode steps (one new token per sequence) for up to `max_batch` sequences.
 
     model: a stage-08 LlamaModel whose attention is stage 09's KVCacheAttention; cache: its
-    KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__.
+    KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__. max_blocks:
+    the longest block table (1 for stage 09's cache: a sequence's block is its slot).
     """
 
-    def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None):
+    def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
+                 max_blocks: int = 1):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.cache, self.max_batch = model, cache, max_batch
@@ -56,10 +58,14 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need a CUDA device; this model is on " + str(device))
         self.sizes = graph_batch_sizes(max_batch)
         # One pinned host buffer and one device buffer: a step's inputs cross in one copy.
-        self.inputs = torch.zeros((ROWS, max_batch), dtype=torch.int64, device=device)
-        self.host = torch.zeros((ROWS, max_batch), dtype=torch.int64,
-                                pin_memory=device.type == "cuda")
-        self.host_rows = self.host.numpy()
+        # The first ROWS x max_batch entries are `inputs`, the rest the block tables.
+        size = (ROWS + max_blocks) * max_batch
+        self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.inputs = self.device_buffer[: ROWS * max_batch].view(ROWS, max_batch)
+        self.tables = self.device_buffer[ROWS * max_batch:].view(max_batch, max_blocks)
+        self.host_rows = self.host[: ROWS * max_batch].view(ROWS, max_batch).numpy()
+        self.host_tables = self.host[ROWS * max_batch:].view(max_batch, max_blocks).numpy()
         self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -79,12 +85,13 @@ class DecodeGraphs:
         """The forward of the first `size` rows of `inputs` -> hidden [size, H]. Everything
         it launches (the int32 casts included) is what a graph of this size records."""
         ids, positions, slots = self.inputs[0, :size], self.inputs[1, :size], self.inputs[2, :size]
+        tables = self.tables[:size].to(torch.int32)
         meta = AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens[: size + 1], cu_seqlens_k=self.cu_seqlens[: size + 1],
             max_seqlen_q=1, max_seqlen_k=self.cache.max_len, last_rows=self.rows[:size],
-            kv_cache=self.cache, slot_mapping=slots,
-            seq_slots=self.inputs[3, :size].to(torch.int32),
-            context_lens=self.inputs[4, :size].to(torch.int32), decode=True)
+            kv_cache=self.cache, slot_mapping=slots, seq_slots=tables[:, 0].contiguous(),
+            block_tables=tables, context_lens=self.inputs[3, :size].to(torch.int32),
+            decode=True)
         return self.model.forward(ids, positions, meta)
 
     def capture(self) -> None:
@@ -95,11 +102,11 @@ class DecodeGraphs:
         raise NotImplementedError("TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)")
 
     def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
-              seq_slots: list[int], context_lens: list[int], size: int) -> None:
+              context_lens: list[int], block_tables: list[list[int]], size: int) -> None:
         """Write a step's inputs into the host buffer, pad rows up to `size`, copy it over."""
         n = len(ids)
-        # TODO stage 10: the five rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, seq_slots = pad_slot, context 0); one non_blocking copy into inputs (about 6 lines)
-        raise NotImplementedError("TODO stage 10: the five rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, seq_slots = pad_slot, context 0); one non_blocking copy into inputs (about 6 lines)")
+        # TODO stage 10: the four rows of host_rows[:, :n] and the tables; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, context 0, block table [pad_slot]); one non_blocking copy of host into device_buffer (about 9 lines)
+        raise NotImplementedError("TODO stage 10: the four rows of host_rows[:, :n] and the tables; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, context 0, block table [pad_slot]); one non_blocking copy of host into device_buffer (about 9 lines)")
 
     def run(self, ids: list[int], plan) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
@@ -107,7 +114,7 @@ class DecodeGraphs:
         if not plan.decode or len(ids) != len(plan.positions):
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))
-        self._fill(ids, plan.positions, plan.slot_mapping, plan.seq_slots, plan.context_lens,
-                   size)
+        self._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
+                   plan.padded_block_tables(self.tables.shape[1]), size)
         # TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)
         raise NotImplementedError("TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)")

@@ -50,5 +50,5 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     argmax, eos = ops.get("argmax"), set(eos_ids)
     seqs = [list(p) for p in prompts]
     outputs: list[list[int]] = [[] for _ in prompts]
-    # TODO stage 10: one packed prefill of every prompt (slot i = prompt i); then, while some sequence is running, a decode step of the running ones through decoder.run; drop a sequence after eos or max_new_tokens (about 20 lines)
-    raise NotImplementedError("TODO stage 10: one packed prefill of every prompt (slot i = prompt i); then, while some sequence is running, a decode step of the running ones through decoder.run; drop a sequence after eos or max_new_tokens (about 20 lines)")
+    # TODO stage 10: one packed prefill of every prompt (slot i = prompt i); then, while some sequence is running, a decode step of the running ones through decoder.run; drop a sequence after eos or max_new_tokens (about 18 lines)
+    raise NotImplementedError("TODO stage 10: one packed prefill of every prompt (slot i = prompt i); then, while some sequence is running, a decode step of the running ones through decoder.run; drop a sequence after eos or max_new_tokens (about 18 lines)")

@@ -98,7 +98,7 @@ def _prefill_then_decode_logits(m, cache, prompt: list[int], chunks: list[int]):
     m.attention = K.KVCacheAttention()
     out, cached = [], 0
     for n in chunks:
-        plan = K.StepPlan.build([K.SeqStep(0, cached, n)], cache.max_len, cache.num_slots)
+        plan = K.StepPlan.build([K.SeqStep([0], cached, n)], cache)
         positions, meta = plan.metadata(cache, m.device)
         ids = torch.tensor(prompt[cached:cached + n], dtype=torch.int64, device=m.device)
         out.append(m.compute_logits(m.forward(ids, positions, meta), meta.last_rows))

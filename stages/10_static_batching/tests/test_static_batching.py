@@ -56,8 +56,7 @@ def _decode_setup(tiny, device, n_seqs: int, use_graphs: bool):
     prompts = random_prompts([5 + 3 * i for i in range(n_seqs)], tiny.config.vocab_size)
     cache = kv().KVCache.for_model(m, num_slots=n_seqs, max_len=64)
     m.attention = kv().KVCacheAttention()
-    plan = kv().StepPlan.build([kv().SeqStep(i, 0, len(p)) for i, p in enumerate(prompts)],
-                               cache.max_len, cache.num_slots)
+    plan = kv().StepPlan.build([kv().SeqStep([i], 0, len(p)) for i, p in enumerate(prompts)], cache)
     positions, meta = plan.metadata(cache, m.device)
     ids = torch.tensor([t for p in prompts for t in p], device=m.device)
     m.forward(ids, positions, meta)
@@ -70,8 +69,7 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
     the new K/V where the plan says, and leave every other slot alone."""
     m, cache, prompts, decoder = _decode_setup(tiny, "cpu", 3, use_graphs=False)
     new_ids = [7, 8, 9]
-    plan = kv().StepPlan.build([kv().SeqStep(i, len(p), 1) for i, p in enumerate(prompts)],
-                               cache.max_len, cache.num_slots)
+    plan = kv().StepPlan.build([kv().SeqStep([i], len(p), 1) for i, p in enumerate(prompts)], cache)
     before = [t.clone() for t in cache.k]
     got = decoder.run(new_ids, plan).clone()
     after = [t.clone() for t in cache.k]
@@ -136,8 +134,7 @@ def test_graph_replay_equals_eager(tiny, seed):
         f"capture one graph per batch size {graphs.sizes}, got {sorted(graphs.graphs)}")
     eager = graphs_mod().DecodeGraphs(m, cache, max_batch=8, use_graphs=False)
     for n in (5, 3, 1):   # 5 pads to 8, 3 to 4
-        plan = kv().StepPlan.build([kv().SeqStep(i, len(prompts[i]), 1) for i in range(n)],
-                                   cache.max_len, cache.num_slots)
+        plan = kv().StepPlan.build([kv().SeqStep([i], len(prompts[i]), 1) for i in range(n)], cache)
         ids = list(range(10, 10 + n))
         got = graphs.run(ids, plan).clone()
         expected = eager.run(ids, plan).clone()

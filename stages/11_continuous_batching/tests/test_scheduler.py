@@ -16,9 +16,9 @@ def sched_mod():
 
 def make_scheduler(slots=4, max_len=64, max_seqs=8, budget=32, chunked=True):
     S = sched_mod()
-    return S.Scheduler(S.SchedulerConfig(num_slots=slots, max_model_len=max_len,
-                                         max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                                         chunked_prefill=chunked))
+    return S.Scheduler(S.SchedulerConfig(max_model_len=max_len, max_num_seqs=max_seqs,
+                                         max_num_batched_tokens=budget,
+                                         chunked_prefill=chunked), num_slots=slots)
 
 
 def new_seq(i: int, n: int):
@@ -52,7 +52,9 @@ def test_prefill_packs_prompts_in_arrival_order_within_budget():
         "10 + 12 tokens fit a budget of 32, the third prompt (11) does not: without chunked "
         f"prefill it waits, and nothing behind it jumps the queue; got {[s.seq_id for s in batch]}")
     assert [s.num_scheduled for s in batch] == [10, 12]
-    assert len({s.slot for s in batch}) == 2 and all(s.slot is not None for s in batch)
+    tables = [s.block_table for s in batch]
+    assert all(len(t) == 1 for t in tables) and tables[0] != tables[1], (
+        f"each admitted sequence gets its own slot (block_table [slot]), got {tables}")
 
 
 def test_chunked_prefill_takes_what_is_left_of_the_budget():
@@ -105,11 +107,12 @@ def test_finish_frees_the_slot_for_the_next_request():
     batch = sched.schedule()
     assert batch == [a]
     run_step(sched, batch)
-    slot = a.slot
+    slot = a.block_table
     sched.finish(a, "max_tokens")
-    assert a.is_finished and a.finish_reason == "max_tokens" and a.slot is None
+    assert a.is_finished and a.finish_reason == "max_tokens" and a.block_table == [], (
+        "finish gives the sequence's cache back to the allocator")
     batch = sched.schedule()
-    assert batch == [b] and b.slot == slot, "b takes the slot a freed"
+    assert batch == [b] and b.block_table == slot, "b takes the slot a freed"
 
 
 def test_abort_a_waiting_request():
@@ -121,3 +124,57 @@ def test_abort_a_waiting_request():
     sched.finish(b, "abort")
     assert list(sched.waiting) == [] and b.finish_reason == "abort"
     assert sched.has_unfinished(), "a is still running"
+
+
+class Blocks:
+    """A test allocator of `total` blocks of `size` tokens: decode steps can run out."""
+
+    def __init__(self, total: int, size: int):
+        self.free_blocks, self.size = list(range(total)), size
+
+    def need(self, seq, tokens: int) -> int:
+        return -(-tokens // self.size) - len(seq.block_table)
+
+    def can_allocate(self, seq):
+        return self.need(seq, seq.num_tokens) <= len(self.free_blocks)
+
+    def allocate(self, seq):
+        seq.block_table = [self.free_blocks.pop() for _ in range(self.need(seq, seq.num_tokens))]
+
+    def can_append(self, seq):
+        return self.need(seq, seq.num_tokens) <= len(self.free_blocks)
+
+    def append(self, seq):
+        seq.block_table += [self.free_blocks.pop() for _ in range(self.need(seq, seq.num_tokens))]
+
+    def free(self, seq):
+        self.free_blocks += seq.block_table
+        seq.block_table = []
+
+
+def test_preemption_when_the_cache_runs_out():
+    """3 blocks of 4 tokens, two sequences of 4: when both need a second block, the newest
+    one is preempted (back to the front of the queue, its tokens kept, nothing cached)."""
+    S = sched_mod()
+    sched = S.Scheduler(S.SchedulerConfig(max_model_len=64, max_num_batched_tokens=64),
+                        Blocks(total=3, size=4))
+    a, b = new_seq(0, 3), new_seq(1, 3)
+    sched.add(a)
+    sched.add(b)
+    assert sched.schedule() == [a, b]
+    run_step(sched, [a, b])                   # both now hold 4 tokens, one block each
+    batch = sched.schedule()                  # decode: the 4th token fits, no new block
+    assert batch == [a, b]
+    run_step(sched, batch)                    # 5 tokens each: both need a second block
+    batch = sched.schedule()
+    assert batch == [a], (f"one free block for two sequences: the older one decodes, the newest "
+                          f"is preempted; got {[s.seq_id for s in batch]}")
+    assert list(sched.waiting) == [b] and b.num_cached == 0 and b.block_table == [], (
+        "a preempted sequence goes back to the front of the queue with its cache freed")
+    assert b.token_ids == [1, 2, 3, 7, 7], "and keeps every token it had: nothing is lost"
+    assert sched.num_preemptions == 1
+    run_step(sched, batch)
+    sched.finish(a, "max_tokens")
+    batch = sched.schedule()
+    assert batch == [b] and b.num_scheduled == 5, (
+        "when there is room again it is prefilled again, prompt and output: 5 tokens")

@@ -66,15 +66,16 @@ def check_invariants(engine, step: int) -> None:
     running, waiting = s.running, list(s.waiting)
     where = f"after step {step}"
     assert len(running) <= cfg.max_num_seqs, f"{where}: {len(running)} running > max_num_seqs"
-    slots = [q.slot for q in running]
-    assert None not in slots and len(set(slots)) == len(slots), (
+    free, total = s.allocator.free_slots, s.allocator.num_slots
+    slots = [b for q in running for b in q.block_table]
+    assert len(slots) == len(running) and len(set(slots)) == len(slots), (
         f"{where}: every running sequence owns its own slot, got {slots}")
-    assert not set(slots) & set(s.free_slots), f"{where}: a slot is both used and free"
-    assert len(slots) + len(s.free_slots) == cfg.num_slots, (
-        f"{where}: free ({len(s.free_slots)}) + used ({len(slots)}) != {cfg.num_slots} slots: "
+    assert not set(slots) & set(free), f"{where}: a slot is both used and free"
+    assert len(slots) + len(free) == total, (
+        f"{where}: free ({len(free)}) + used ({len(slots)}) != {total} slots: "
         "a slot leaked or was freed twice")
     for q in waiting:
-        assert q.slot is None and q.num_cached == 0, f"{where}: waiting {q.seq_id} holds cache"
+        assert not q.block_table and q.num_cached == 0, f"{where}: waiting {q.seq_id} holds cache"
     for q in running:
         assert 0 <= q.num_cached <= q.num_tokens <= cfg.max_model_len, (
             f"{where}: sequence {q.seq_id} has {q.num_cached} cached of {q.num_tokens}")
@@ -129,7 +130,7 @@ def test_soak_many_requests_through_few_slots(tiny):
         want = "eos" if expected and expected[-1] in eos and not sp.ignore_eos else "max_tokens"
         assert reason in (want, "context"), f"request {rid}: finish reason {reason}, want {want}"
     s = engine.scheduler
-    assert not s.running and not s.waiting and len(s.free_slots) == s.config.num_slots, (
+    assert not s.running and not s.waiting and len(s.allocator.free_slots) == 4, (
         "at the end every slot is free again")
 
 
@@ -158,7 +159,8 @@ def test_abort_frees_the_slot_and_spares_the_others(tiny):
         for out in engine.step():
             got[out.request_id] += out.new_token_ids
     assert got[b] == Solo(tiny)([8, 9], 20)
-    assert len(engine.scheduler.free_slots) == engine.scheduler.config.num_slots
+    allocator = engine.scheduler.allocator
+    assert len(allocator.free_slots) == allocator.num_slots
 
 
 @pytest.mark.parametrize("bad,needle", [
