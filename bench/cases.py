@@ -68,10 +68,15 @@ class Ops:
         except Exception as e:  # a failed build becomes every row's reason
             self.build_error = f"kernels did not build: {str(e).splitlines()[0][:200]}"
 
-    def get(self, stage: str, module: str, name: str) -> tuple[Callable | None, str | None]:
+    def get(self, name: str) -> tuple[Callable | None, str | None]:
+        """Op `name` from the stage that provides it (course/ops.py), or why not."""
         if self.build_error:
             return None, f"error: {self.build_error}"
-        from course import parts
+        from course import ops, parts
+        try:
+            stage, module = ops.provider(name)
+        except KeyError as e:
+            return None, f"skipped: {e}"
         try:
             mod = parts.load(stage, module)
         except FileNotFoundError:
@@ -82,6 +87,13 @@ class Ops:
         if fn is None:
             return None, f"skipped: op not available ({stage}/{module}.py has no {name})"
         return fn, None
+
+    @staticmethod
+    def via(name: str) -> str:
+        """Where op `name` comes from, as NN/module.py name."""
+        from course import ops
+        stage, module = ops.provider(name)
+        return f"{stage}/{module}.py {name}"
 
     def raw(self, name: str) -> Callable | None:
         """torch.ops.tinyvllm.<name>, or None when the library has no such op."""
@@ -94,7 +106,7 @@ class Ops:
 
 
 def embedding_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("03", "embedding", "embedding")
+    fn, why = ops.get("embedding")
     raw = ops.raw("embedding")
     for T in TOKENS:
         def make_set(g, T=T):
@@ -110,7 +122,7 @@ def embedding_cases(ops: Ops) -> Iterator[Case]:
         elif fn is not None:
             kw = {"check": False} if _accepts(fn, "check") else {}
             ours = (lambda s, out=out, kw=kw: fn(s["ids"], s["table"], out=out, **kw))
-            via = "03/embedding.py embedding"
+            via = ops.via("embedding")
         else:
             ours, via = None, ""
         yield Case("embedding", str(T), T * 8 + 2 * T * HIDDEN * 2, make_set,
@@ -127,7 +139,7 @@ def _hf_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rmsnorm_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("04", "rmsnorm", "rmsnorm")
+    fn, why = ops.get("rmsnorm")
     for T in TOKENS:
         def make_set(g, T=T):
             return {"x": _gen_randn((T, HIDDEN), g), "w": _gen_randn((HIDDEN,), g)}
@@ -141,11 +153,11 @@ def rmsnorm_cases(ops: Ops) -> Iterator[Case]:
         yield Case("rmsnorm", str(T), 2 * T * HIDDEN * 2 + HIDDEN * 2, make_set,
                    torch_fn=lambda s: _hf_rmsnorm(s["x"], s["w"], EPS),
                    ours_fn=ours, outs=[out] if ours and _accepts(fn, "out") else [],
-                   via="04/rmsnorm.py rmsnorm", skip=None if ours else why)
+                   via=ops.via("rmsnorm"), skip=None if ours else why)
 
 
 def fused_add_rmsnorm_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("04", "rmsnorm", "fused_add_rmsnorm")
+    fn, why = ops.get("fused_add_rmsnorm")
     for T in TOKENS:
         def make_set(g, T=T):
             return {"x": _gen_randn((T, HIDDEN), g), "r": _gen_randn((T, HIDDEN), g),
@@ -161,7 +173,7 @@ def fused_add_rmsnorm_cases(ops: Ops) -> Iterator[Case]:
         # reads x, residual, weight; writes the normalized x and the new residual
         yield Case("fused_add_rmsnorm", str(T), 4 * T * HIDDEN * 2 + HIDDEN * 2, make_set,
                    torch_fn=torch_fn, ours_fn=ours,
-                   via="04/rmsnorm.py fused_add_rmsnorm (in place)", skip=None if ours else why)
+                   via=ops.via("fused_add_rmsnorm") + " (in place)", skip=None if ours else why)
 
 
 def _hf_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
@@ -178,8 +190,8 @@ def _hf_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 
 
 def rope_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("05", "rope", "apply_rope_")
-    tables, why_tables = ops.get("05", "rope_tables", "cos_sin_cache")
+    fn, why = ops.get("apply_rope_")
+    tables, why_tables = ops.get("cos_sin_cache")
     raw = ops.raw("apply_rope")
     cos_sin = None
     if tables is not None:
@@ -212,7 +224,7 @@ def rope_cases(ops: Ops) -> Iterator[Case]:
             def ours(s, kw=kw):
                 fn(s["q"], s["k"], s["pos"], cos_sin, **kw)
                 return s["q"], s["k"]
-            via = "05/rope.py apply_rope_ (in place)"
+            via = ops.via("apply_rope_") + " (in place)"
         else:
             ours, via = None, ""
         qk = T * (N_HEADS + N_KV_HEADS) * HEAD_DIM * 2
@@ -222,7 +234,7 @@ def rope_cases(ops: Ops) -> Iterator[Case]:
 
 
 def silu_mul_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("08", "activation", "silu_mul")
+    fn, why = ops.get("silu_mul")
     for T in TOKENS:
         def make_set(g, T=T):
             return {"x": _gen_randn((T, 2 * INTER), g)}
@@ -234,11 +246,11 @@ def silu_mul_cases(ops: Ops) -> Iterator[Case]:
         yield Case("silu_mul", str(T), T * 2 * INTER * 2 + T * INTER * 2, make_set,
                    torch_fn=lambda s: F.silu(s["x"][:, :INTER]) * s["x"][:, INTER:],
                    ours_fn=ours, outs=[out] if ours and _accepts(fn, "out") else [],
-                   via="08/activation.py silu_mul", skip=None if ours else why)
+                   via=ops.via("silu_mul"), skip=None if ours else why)
 
 
 def argmax_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("08", "argmax", "argmax")
+    fn, why = ops.get("argmax")
     for T in TOKENS:
         def make_set(g, T=T):
             return {"logits": _gen_randn((T, VOCAB), g, scale=3.0)}
@@ -251,11 +263,11 @@ def argmax_cases(ops: Ops) -> Iterator[Case]:
                    torch_fn=lambda s: torch.argmax(s["logits"], dim=-1),
                    ours_fn=ours, compare="argmax",
                    outs=[out] if ours and _accepts(fn, "out") else [],
-                   via="08/argmax.py argmax", skip=None if ours else why)
+                   via=ops.via("argmax"), skip=None if ours else why)
 
 
 def linear_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("06", "linear", "linear")
+    fn, why = ops.get("linear")
     for name, n_out in ((f"linear {HIDDEN}->{INTER}", INTER),
                         (f"lm_head {HIDDEN}->{VOCAB}", VOCAB)):
         for T in TOKENS:
@@ -272,7 +284,7 @@ def linear_cases(ops: Ops) -> Iterator[Case]:
                        torch_fn=lambda s: F.linear(s["x"], s["w"]),
                        ours_fn=ours, flops=2 * T * HIDDEN * n_out,
                        outs=[out] if ours and _accepts(fn, "out") else [],
-                       via="06/linear.py linear", skip=None if ours else why)
+                       via=ops.via("linear"), skip=None if ours else why)
 
 
 def _sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
@@ -295,7 +307,7 @@ def _sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
 
 
 def attention_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("07", "attention", "prefill_attention")
+    fn, why = ops.get("prefill_attention")
     scale = HEAD_DIM ** -0.5
     for n_seq, S in ATTENTION_SHAPES:
         T = n_seq * S
@@ -322,7 +334,7 @@ def attention_cases(ops: Ops) -> Iterator[Case]:
                                                              upcast=True),
                    ours_fn=ours, flops=flops,
                    outs=[out] if ours and _accepts(fn, "out") else [],
-                   via="07/attention.py prefill_attention", skip=None if ours else why)
+                   via=ops.via("prefill_attention"), skip=None if ours else why)
 
 
 def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
@@ -351,7 +363,7 @@ def decode_attention_cases(ops: Ops) -> Iterator[Case]:
     is 80% of the copy bandwidth at 64 x 1024. Sequence b owns slot b and every slot is full,
     so torch's SDPA (enable_gqa) reads the same cache through views, with no gather copy.
     """
-    fn, why = ops.get("09", "decode_attention", "decode_attention")
+    fn, why = ops.get("decode_attention")
     scale = HEAD_DIM ** -0.5
     for B, S in DECODE_SHAPES:
         def make_set(g, B=B, S=S):
@@ -370,7 +382,7 @@ def decode_attention_cases(ops: Ops) -> Iterator[Case]:
                    torch_fn=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale),
                    reference=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale, upcast=True),
                    ours_fn=ours, outs=[out] if ours else [],
-                   via="09/decode_attention.py decode_attention", skip=None if ours else why)
+                   via=ops.via("decode_attention"), skip=None if ours else why)
 
 
 FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
