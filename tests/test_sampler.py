@@ -146,8 +146,13 @@ def test_greedy_rows_equal_torch_argmax(needs_filter, seed):
                                                                     gen=gen)])
     st = S.SamplingTensors.from_params([SP() for _ in range(16)], list(range(16)), "cpu")
     assert st.all_greedy and not st.needs_filter
-    for all_greedy in (True, False):   # the short cut and the full path agree
-        got = S.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
+    checks.assert_equal(S.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds,
+                                 st.steps, all_greedy=True),
+                        torch.argmax(logits, dim=-1), what="greedy tokens, the short cut")
+    # The full path, with every row greedy (temperature 0), must agree.
+    zeros_f, zeros_i = torch.zeros(16), torch.zeros(16, dtype=torch.int64)
+    for all_greedy in (True, False):
+        got = S.sample(logits, zeros_f, zeros_i, torch.ones(16), zeros_i, zeros_i,
                        needs_filter=needs_filter, all_greedy=all_greedy)
         checks.assert_equal(got, torch.argmax(logits, dim=-1), what="greedy tokens")
 
@@ -395,7 +400,7 @@ def test_sample_does_not_synchronise_on_cuda():
 
 def test_sample_rejects_mismatched_rows():
     logits = torch.zeros(3, 10)
-    st = S.SamplingTensors.from_params([SP()] * 3, [0, 0, 0], "cpu")
+    st = S.SamplingTensors.from_params([SP(temperature=1.0, seed=1)] * 3, [0, 0, 0], "cpu")
     with pytest.raises(ValueError, match=r"top_k must be a \[3\] torch.int64 tensor"):
         S.sample(logits, st.temperature, st.top_k.int(), st.top_p, st.seeds, st.steps)
     with pytest.raises(ValueError, match=r"seeds must be a \[3\]"):

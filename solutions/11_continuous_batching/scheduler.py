@@ -157,18 +157,18 @@ class Scheduler:
             batch.append(seq)
         if batch:
             return batch
-        for seq in list(self.running):
-            if seq not in self.running:        # preempted earlier in this loop
-                continue
-            while not self.allocator.can_append(seq):
-                victim = self.running[-1]
-                self.preempt(victim)
-                if victim is seq:
-                    break
-            if seq in self.running:
-                self.allocator.append(seq)
-                seq.num_scheduled = 1
-                batch.append(seq)
+        i = 0
+        while i < len(self.running):           # oldest first; victims are taken from the end
+            seq = self.running[i]
+            while not self.allocator.can_append(seq) and self.running[-1] is not seq:
+                self.preempt(self.running[-1])
+            if not self.allocator.can_append(seq):
+                self.preempt(seq)                  # the newest itself: nothing left to free
+                break
+            self.allocator.append(seq)
+            seq.num_scheduled = 1
+            batch.append(seq)
+            i += 1
         return batch
         # END SOLUTION
 

@@ -158,15 +158,15 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     needs_filter: False promises that no random row has top_k > 0 or top_p < 1, and skips the
     sort (the costly part); a row that does ask for a filter is then sampled unfiltered, so
     when unsure pass True (the default: always correct). all_greedy: True promises every
-    temperature is 0 and skips the random path entirely. Both are host facts the engine knows
+    temperature is 0 and skips the random path entirely (the per-row tensors may be None). Both are host facts the engine knows
     from its requests; SamplingTensors.from_params computes them.
     """
+    argmax = ops.get("argmax")
+    if all_greedy:   # the per-row tensors may be None: nothing random is drawn
+        return argmax(logits)
     _check(logits, temperature=temperature, top_k=top_k, top_p=top_p, seeds=seeds,
            steps=steps)
-    argmax = ops.get("argmax")
     greedy_tokens = argmax(logits)
-    if all_greedy:
-        return greedy_tokens
     random_rows = temperature > 0
     # Greedy rows go through the random path too (no row selection without a sync); dividing
     # them by 1 keeps their lanes finite, and torch.where drops their result at the end.
@@ -205,7 +205,8 @@ class SamplingTensors:
         params: B SamplingParams, already validated; a random row must carry its seed (the
         engine gives unseeded requests one at admission: `params.with_seed()`, so the seed
         survives preemption). steps: B ints, each the number of tokens its request has
-        generated so far. Built in pinned host memory and copied without blocking.
+        generated so far. Built in pinned host memory and copied without blocking; a batch
+        whose every row is greedy builds none (its tensors are None: `sample` needs none).
         """
         if len(params) != len(steps):
             raise ValueError(f"{len(params)} sampling params but {len(steps)} steps")
@@ -213,6 +214,9 @@ class SamplingTensors:
         if unseeded:
             raise ValueError(f"row {unseeded[0]} samples at random but has no seed: give each "
                              "request one when it is admitted (SamplingParams.with_seed())")
+        if all(p.greedy for p in params):
+            # Every row takes the argmax: no per-row tensors to build (and no copies to make).
+            return cls(None, None, None, None, None, needs_filter=False, all_greedy=True)
         device = torch.device(device)
         pin = device.type == "cuda"
 
