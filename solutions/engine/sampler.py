@@ -158,8 +158,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     needs_filter: False promises that no random row has top_k > 0 or top_p < 1, and skips the
     sort (the costly part); a row that does ask for a filter is then sampled unfiltered, so
     when unsure pass True (the default: always correct). all_greedy: True promises every
-    temperature is 0 and skips the random path entirely (the per-row tensors may be None). Both are host facts the engine knows
-    from its requests; SamplingTensors.from_params computes them.
+    temperature is 0 and skips the random path entirely (the per-row tensors may then be
+    None). Both are host facts the engine knows from its requests;
+    SamplingTensors.from_params computes them.
     """
     argmax = ops.get("argmax")
     if all_greedy:   # the per-row tensors may be None: nothing random is drawn
