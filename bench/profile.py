@@ -1,0 +1,148 @@
+"""Where a decode step's time goes: the GPU time of each kernel, the graph, and the host.
+
+    python3 -m bench.profile [--batch 1 256] [--context 512] [--json FILE]
+
+Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
+
+Random bf16 weights with Llama-3.2-1B's shapes. For each batch size, B sequences with
+`context` cached tokens each (filled by one packed prefill), then:
+
+  kernels        one eager decode step under torch.profiler: GPU time per kernel name,
+                 summed over the step's launches, largest first;
+  graph replay   the captured decode graph alone, CUDA events around replay() (the step's
+                 GPU time without launch overhead);
+  engine step    a whole engine step (schedule, inputs, replay, logits, sampling, the copy
+                 of the tokens back, detokenizing nothing): wall time, median of many.
+The floor is (weight bytes + K/V bytes read) over the copy bandwidth measured in the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from bench.engine import SHAPES, build_models
+from bench.timing import report_no_cuda
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
+    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * a.numel() * 2 / statistics.median(times)
+
+
+def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
+    """(kernel name, GPU microseconds, launches) of one call of step(), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        name = e.name[:70]
+        us, n = rows.get(name, (0.0, 0))
+        rows[name] = (us + e.device_time, n + 1)
+    out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
+    return out[:top]
+
+
+def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
+    from course import parts
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    SamplingParams = parts.load("11", "sampling_params").SamplingParams
+    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=context + 64,
+                                                     max_num_seqs=max(batch, 1)))
+    g = torch.Generator().manual_seed(batch)
+    for _ in range(batch):
+        prompt = torch.randint(3, model.config.vocab_size, (context,), generator=g).tolist()
+        engine.add_request(prompt, SamplingParams(max_tokens=60, ignore_eos=True))
+    while any(s.num_uncached > 1 for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()                       # the prefills
+    runner, seqs = engine.runner, engine.scheduler.schedule()
+    kv = parts.load("09", "kv_cache")
+    plan = kv.StepPlan.build([kv.SeqStep(s.block_table, s.num_cached, s.num_scheduled)
+                              for s in seqs], runner.cache)
+    ids = [s.token_ids[-1] for s in seqs]
+    decoder = runner.decoder
+    size = decoder.padded_size(len(ids))
+    decoder._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
+                  plan.padded_block_tables(decoder.tables.shape[1]), size)
+    for s in seqs:
+        s.num_scheduled = 0
+    kernels = kernel_table(lambda: decoder._step(size))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replays = []
+    for _ in range(30):
+        start.record()
+        decoder.graphs[size].replay() if decoder.use_graphs else decoder._step(size)
+        end.record()
+        end.synchronize()
+        replays.append(start.elapsed_time(end) * 1e3)
+    steps = []
+    for _ in range(30):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.step()
+        steps.append((time.perf_counter() - t0) * 1e6)
+    c = model.config
+    weights = sum(t.numel() * t.element_size() for t in
+                  [model.embed_tokens, model.final_norm] + [w for layer in model.layers
+                                                            for w in vars(layer).values()])
+    kv_bytes = batch * (context + 30) * kv.KVCache.bytes_per_token(c, model.dtype)
+    floor = (weights + kv_bytes) / bandwidth * 1e6
+    return {"batch": batch, "context": context, "graph_replay_us": statistics.median(replays),
+            "engine_step_us": statistics.median(steps), "floor_us": floor,
+            "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m bench.profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        return report_no_cuda("bench.profile", args.json, "results")
+    _, model, _ = build_models(SHAPES["Llama-3.2-1B"], seed=0, max_positions=args.context + 64)
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    results = []
+    for batch in args.batch:
+        r = profile_batch(model, batch, args.context, bandwidth)
+        results.append(r)
+        print(f"\nbatch {batch}, context {args.context}: graph replay {r['graph_replay_us']:.0f} us, "
+              f"engine step {r['engine_step_us']:.0f} us (host and sync: "
+              f"{r['engine_step_us'] - r['graph_replay_us']:.0f} us), floor {r['floor_us']:.0f} us "
+              f"(replay at {100 * r['floor_us'] / r['graph_replay_us']:.0f}% of it)")
+        print("| kernel (one eager step) | GPU us | launches |\n|---|---:|---:|")
+        for k in r["kernels"]:
+            print(f"| {k['name']} | {k['us']:.1f} | {k['launches']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth": bandwidth, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
