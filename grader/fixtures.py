@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -65,3 +66,15 @@ def save_tiny_llama(directory: Path, variant: str, seed: int = 0, shard_size: st
     cfg = json.loads((Path(directory) / "config.json").read_text())
     assert cfg["model_type"] == "llama"
     return model
+
+
+def load_tiny(directory: Path, variant: str, **overrides) -> SimpleNamespace:
+    """A tiny random Llama saved in HF layout without an end-of-sequence id (so greedy runs
+    last as long as asked), loaded back by stage 01's loader: variant, directory, hf (the
+    transformers model), config and weights (by their Hugging Face names)."""
+    from course import parts
+    hf = save_tiny_llama(directory, variant, eos_token_id=None, **overrides)
+    config = parts.load("01", "config").load_config(directory)
+    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    return SimpleNamespace(variant=variant, directory=directory, hf=hf, config=config,
+                           weights=weights)

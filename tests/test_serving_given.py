@@ -17,11 +17,8 @@ def kv():
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gqa_tied")
-    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
+    tiny = fixtures.load_tiny(tmp_path_factory.mktemp("gqa_tied"), "gqa_tied")
+    return parts.load("08", "model").LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
 
 
 def test_step_plan_rejects_what_does_not_fit():
@@ -71,8 +68,10 @@ def test_decode_graphs_run_decode_steps_only(model):
 
 def test_bad_batches_are_refused(model):
     gen = parts.reference("10", "static_batch").generate_batch
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="empty"):
         gen(model, [[1, 2], []], 4)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        gen(model, [], 4)
     with pytest.raises(ValueError, match="positions"):
         gen(model, [[1] * 10], model.max_positions)
     with pytest.raises(IndexError, match="out of range"):

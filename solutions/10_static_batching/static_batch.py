@@ -23,6 +23,7 @@ _kv = parts.load("09", "kv_cache")
 KVCache, KVCacheAttention, SeqStep, StepPlan = (_kv.KVCache, _kv.KVCacheAttention, _kv.SeqStep,
                                                 _kv.StepPlan)
 DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
+check_prompt = parts.load("08", "model").check_prompt
 
 
 def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids=(),
@@ -34,16 +35,13 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     Each output is what generate_greedy gives for that prompt alone (on the CPU exactly; on
     a GPU up to near-ties, as cuBLAS may pick other algorithms for other batch shapes).
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token (and there must be a prompt)")
-    longest = max(len(p) for p in prompts) + max_new_tokens - 1
-    if longest > model.max_positions:
-        raise ValueError(f"{longest} positions needed, more than the model's "
-                         f"{model.max_positions}")
+    if not prompts:
+        raise ValueError("there must be at least one prompt")
+    for p in prompts:
+        check_prompt(model, p, max_new_tokens)
     if max_new_tokens < 1:
         return [[] for _ in prompts]
-    for p in prompts:
-        model.check_inputs(torch.tensor(p, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    longest = max(len(p) for p in prompts) + max_new_tokens - 1
     cache = KVCache.for_model(model, num_slots=len(prompts), max_len=longest)
     model.attention = KVCacheAttention()
     decoder = DecodeGraphs(model, cache, max_batch=len(prompts), use_graphs=use_graphs)

@@ -213,6 +213,18 @@ class LlamaModel:
         raise NotImplementedError("TODO stage 08: index_select the rows; lm_head linear with out_dtype=torch.float32 (about 3 lines)")
 
 
+def check_prompt(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """ValueError for an empty prompt or one whose reply would run past the model's
+    positions, IndexError for a token id outside the vocabulary: checked once, up front."""
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty: greedy decoding needs at least one token")
+    if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
+        raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
+                         f"the model's {model.max_positions} positions")
+    model.check_inputs(torch.tensor(prompt_ids, dtype=torch.int64),
+                       torch.zeros(1, dtype=torch.int64))
+
+
 def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int,
                     eos_ids=()) -> list[int]:
     """Greedy decoding without a KV cache: up to max_new_tokens new token ids.
@@ -223,12 +235,7 @@ def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: in
     so n steps cost O(n^2) token-forwards (and attention O(n^3)): stage 09's KV cache
     makes each step one token.
     """
-    if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty: greedy decoding needs at least one token")
-    if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
-        raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
-                         f"the model's {model.max_positions} positions")
-    model.check_inputs(torch.tensor(prompt_ids, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    check_prompt(model, prompt_ids, max_new_tokens)
     eos = set(eos_ids)
     # TODO stage 08: packed_inputs of [ids], forward, compute_logits of meta.last_rows, argmax; stop after an eos (about 11 lines)
     raise NotImplementedError("TODO stage 08: packed_inputs of [ids], forward, compute_logits of meta.last_rows, argmax; stop after an eos (about 11 lines)")

@@ -31,6 +31,7 @@ import torch
 from course import ops, parts
 
 _meta = parts.load("08", "attention_metadata")
+check_prompt = parts.load("08", "model").check_prompt
 AttentionMetadata, offsets, to_device = _meta.AttentionMetadata, _meta.offsets, _meta.to_device
 
 
@@ -186,14 +187,9 @@ def generate_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=(
     model: a stage-08 LlamaModel whose attention backend is KVCacheAttention (this function
     sets it). Returns up to max_new_tokens ids, ending with an eos id if one was emitted.
     """
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: greedy decoding needs at least one token")
-    if len(prompt_ids) + max_new_tokens - 1 > model.max_positions:
-        raise ValueError(f"{len(prompt_ids)} prompt tokens + {max_new_tokens} new ones exceed "
-                         f"the model's {model.max_positions} positions")
+    check_prompt(model, prompt_ids, max_new_tokens)
     if max_new_tokens < 1:
         return []
-    model.check_inputs(torch.tensor(prompt_ids, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     cache = cache or KVCache.for_model(model, num_slots=1,
                                        max_len=len(prompt_ids) + max_new_tokens)
     model.attention = KVCacheAttention()

@@ -6,7 +6,6 @@ float32 both must agree with the cached path exactly up to float32 rounding.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,12 +28,7 @@ def model_mod():
 
 @pytest.fixture(scope="module", params=VARIANTS)
 def tiny(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param)
-    hf = fixtures.save_tiny_llama(directory, request.param, eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return SimpleNamespace(variant=request.param, directory=directory, hf=hf, config=config,
-                           weights=weights)
+    return fixtures.load_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
 def random_prompt(length: int, vocab: int) -> list[int]:

@@ -7,7 +7,6 @@ eagerly.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,12 +31,7 @@ def kv():
 
 @pytest.fixture(scope="module", params=["gqa_tied", "llama3_untied"])
 def tiny(request, tmp_path_factory):
-    directory = tmp_path_factory.mktemp(request.param)
-    hf = fixtures.save_tiny_llama(directory, request.param, eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return SimpleNamespace(variant=request.param, directory=directory, hf=hf, config=config,
-                           weights=weights)
+    return fixtures.load_tiny(tmp_path_factory.mktemp(request.param), request.param)
 
 
 def new_model(tiny, device="cpu"):

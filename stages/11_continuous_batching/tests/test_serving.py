@@ -8,7 +8,6 @@ exactly, whatever joined or left around it.
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,11 +18,7 @@ from grader import checks, fixtures
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gqa_tied")
-    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return SimpleNamespace(config=config, weights=weights)
+    return fixtures.load_tiny(tmp_path_factory.mktemp("gqa_tied"), "gqa_tied")
 
 
 def new_model(tiny):
