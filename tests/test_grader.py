@@ -1,6 +1,8 @@
 """The grader itself: manifest, resolver, skeleton generation, runner outcomes, reports, CLI."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import subprocess
 import sys
@@ -43,11 +45,15 @@ def test_unknown_stage_lists_valid_ones():
     assert "Traceback" not in proc.stderr
 
 
-def test_planned_stage_says_not_available():
-    planned = next(s for s in manifest.stages() if not s.ready)
-    proc = grader_cli(planned.id)
-    assert proc.returncode == 2
-    assert f"stage {planned.id} ({planned.dir}) is not available yet" in proc.stderr
+def test_planned_stage_says_not_available(monkeypatch):
+    """A stage the manifest lists as planned (once the course grows past its last ready
+    stage) is refused with a sentence, not graded."""
+    stages = manifest.stages()
+    planned = dataclasses.replace(stages[-1], id="99", dir="99_future", status="planned")
+    monkeypatch.setattr(manifest, "stages", lambda: (*stages, planned))
+    with pytest.raises(manifest.StageNotAvailable,
+                       match=r"stage 99 \(99_future\) is not available yet"):
+        manifest.find_ready("99")
 
 
 def test_resolver_picks_student_part_only_for_selected_stage(monkeypatch, tmp_path):
