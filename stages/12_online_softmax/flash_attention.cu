@@ -1,0 +1,305 @@
+// Stage 12 kernel: FlashAttention-2-style causal prefill attention on the tensor cores.
+//
+//     out[t, h] = sum_j softmax_j(scale * q[t, h] . k[j, g]) v[j, g],   g = h / (n_heads / n_kv)
+//
+// Same contract as stage 07 (attention.cu): packed sequences (cu_seqlens_q, cu_seqlens_k),
+// grouped-query heads, a sequence may bring more keys than queries (its queries are its LAST
+// positions: query i sits at key position i + len_k - len_q), q/k/v may be views of a fused
+// QKV tensor. What changes is how the work is done:
+//
+//   - ONE pass over the keys. Each row keeps a running max m, a running sum l and an
+//     unnormalised output o (the online softmax); when a tile raises the max, l and o are
+//     rescaled by exp2(m_old - m_new). Stage 07 computed every score twice.
+//   - The products run on the tensor cores: mma.sync m16n8k16 (bf16 in, float32 accumulate)
+//     for S = Q K^T and for O += P V. Stage 07 did scalar float32 FMAs.
+//
+// One block of 8 warps computes a tile of 128 query rows of one head of one sequence; warp w
+// owns rows 16w .. 16w+15 and keeps everything about them in registers: its Q fragments, its
+// 16 x 64 score tile, m, l and o. K and V tiles of 64 keys are staged in shared memory as
+// bf16 with cp.async, double-buffered: tile j+1 is in flight while tile j is computed. The
+// [T, T] score matrix never exists anywhere: a warp's scores live in registers for one tile.
+//
+// Fragment layouts (PTX ISA, "mma.m16n8k16"): lane = 4 g + t (g = lane / 4, t = lane % 4).
+//   A (16 x 16, row-major), 4 registers of 2 bf16: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
+//     (g+8, 2t+8..).
+//   B (16 x 8, "col": 8 columns of 16), 2 registers: (k 2t..2t+1, n g), (k 2t+8.., n g).
+//   C (16 x 8, float32), 4 floats: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+// K's rows in shared memory are keys of d contiguous dims: exactly B of S = Q K^T (n = key,
+// k = dim), so ldmatrix reads it as is. V's rows are keys too, but for O += P V the keys are
+// the k index: ldmatrix.trans transposes 8 x 8 pieces on the way. And the C fragments of two
+// neighbouring 8-key score tiles are, element for element, the A fragment of P for those 16
+// keys: P goes from the softmax to the second product without leaving registers.
+//
+// Softmax in base 2: exp(x) = exp2(x log2 e); the launcher folds log2 e into the scale.
+// Reference: flash_attention.py (flash_attention_native, the same tiles in torch).
+// Run: nox -s grade -- 12
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstdint>
+
+#include "tvllm.h"
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kBlockM = 128;            // query rows per block
+constexpr int kBlockN = 64;             // keys per shared-memory tile
+constexpr int kWarps = kBlockM / 16;    // each warp owns 16 query rows
+constexpr int kThreads = 32 * kWarps;   // 256
+constexpr int kNTiles = kBlockN / 8;    // 8-key column tiles of a warp's 16 x 64 scores
+constexpr int kPad = 8;                 // bf16 after each shared-memory row (see Smem)
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Params {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  bf16* out;                     // [tokens, n_heads, head_dim], contiguous
+  const int32_t* cu_seqlens_q;   // [n_seqs + 1]
+  const int32_t* cu_seqlens_k;   // [n_seqs + 1]
+  int64_t q_stride, k_stride, v_stride;  // elements from one token's row to the next
+  int n_heads, n_kv_heads;
+  float scale_log2;              // scale * log2(e)
+};
+
+// Shared memory, bf16: the Q tile [128][d + 8], then two K tiles and two V tiles [64][d + 8].
+// The 8 elements (16 bytes) of padding per row: ldmatrix reads 8 rows of 16 bytes at once;
+// with a pitch of d elements (128 or 256 bytes) all 8 would sit in the same 4 banks (an
+// 8-way conflict), with d + 8 they fall in 8 different 16-byte bank groups.
+template <int kD>
+struct Smem {
+  static constexpr int kPitch = kD + kPad;
+  static constexpr int kTileK = kBlockN * kPitch;                  // elements of one K or V tile
+  static constexpr int kBytes = (kBlockM * kPitch + 4 * kTileK) * 2;  // 55 KB (d 64), 104 KB (d 128)
+};
+
+// ---------------------------------------------------------------- PTX wrappers (given)
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without passing through registers; src_bytes = 0 writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+
+// Four 8 x 8 bf16 matrices from shared memory: lanes 8i .. 8i+7 give the addresses of the 8
+// rows (16 bytes each) of matrix i; register i of lane 4g + t holds row g, columns 2t, 2t+1
+// of matrix i (.trans: row 2t and 2t+1, column g -- the matrix transposed).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// c += a b on the tensor cores: a 16 x 16 (A fragment), b 16 x 8 (B fragment), c 16 x 8 float.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats -> one register of two bf16, the first in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&two);
+}
+
+// 2^x in one instruction (MUFU.EX2); exp2(-inf) = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Rows [row0, row0 + kRows) of one head -- `src` points at row 0 of this sequence and head --
+// into shared memory (pitch d + 8) with 16-byte cp.async, spread over the block. Rows at or
+// past `len` belong to another sequence or to nothing: they are filled with zeros (0 * NaN
+// would be NaN). Asynchronous: commit, wait and __syncthreads before anyone reads the tile.
+template <int kRows, int kD>
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t stride, int row0,
+                                          int len) {
+  constexpr int kChunks = kD / 8;  // 16-byte pieces per row
+  static_assert(kRows * kChunks % kThreads == 0, "every thread loads the same number of pieces");
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = row0 + r < len;
+    const bf16* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + col : src;
+    cp_async16(dst + r * Smem<kD>::kPitch + col, from, valid);
+  }
+}
+
+// ------------------------------------------------------------------- the student's parts
+
+// S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d + 8]),
+// times scale_log2. s[j] is the C fragment of keys 8j .. 8j + 7: this lane holds rows g and
+// g + 8, keys 8j + 2t and 8j + 2t + 1. qf[kk] is the A fragment of Q's dims 16kk .. 16kk + 15.
+template <int kD>
+__device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
+                                            int lane, float scale_log2, float (&s)[kNTiles][4]) {
+  // TODO stage 12: zero s; per 16 dims and per 16 keys one ldmatrix.x4 of K (two B fragments) and two mma; then scale (about 18 lines)
+}
+
+// May the query at key position `qpos` see key position `kpos`? Both count from the start of
+// the sequence's keys; `len` is the number of keys.
+__device__ __forceinline__ bool visible(int qpos, int kpos, int len) {
+  // TODO stage 12: causal (aligned to the end of the keys: qpos already is), and inside the sequence (about 1 line)
+  return false;
+}
+
+// Scores a row may not see become -inf (exp2(-inf) = 0). qpos: the key position of row g
+// (row g + 8 is qpos + 8); kpos0: the key position of the tile's first key.
+__device__ __forceinline__ void mask_scores(float (&s)[kNTiles][4], int qpos, int kpos0, int len,
+                                            int lane) {
+  // TODO stage 12: per element: its row (g or g + 8) and key (8j + 2t or + 1); -inf where not visible (about 6 lines)
+}
+
+// The online softmax: fold one tile of scores (scaled, masked) into the running state of this
+// lane's two rows, r = 0 for row g, r = 1 for row g + 8:
+//   m[r]  the row's running max (the same in the row's 4 lanes),
+//   l[r]  this lane's share of the running sum (its 2 columns of each key tile; the 4 lanes
+//         of a row are added up once, at the end),
+//   o     the unnormalised output, C fragments of dims 8i .. 8i + 7 (o[i][2r], o[i][2r + 1]).
+// On return s holds p = exp2(s - m_new), ready to become P.
+template <int kD>
+__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&m)[2],
+                                               float (&l)[2], float (&o)[kD / 8][4]) {
+  // TODO stage 12: per row: the tile's max, reduced over the row's 4 lanes (shuffles 1 and 2); alpha = exp2(m_old - m_new); p = exp2(s - m_new); rescale l and o by alpha; l += sum p (about 26 lines)
+}
+
+// o += P V for one tile: P (16 x 64, in s as float) becomes bf16 A fragments, 16 keys at a
+// time; V (`vs`, [64 keys][d + 8]) is read with ldmatrix.trans as B fragments of 8 dims.
+template <int kD>
+__device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], const bf16* vs,
+                                              int lane, float (&o)[kD / 8][4]) {
+  // TODO stage 12: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; per 16 dims one ldmatrix.x4.trans of V and two mma (about 17 lines)
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_kernel(Params p) {
+  constexpr int kPitch = Smem<kD>::kPitch;
+  extern __shared__ uint4 smem[];  // 16-byte aligned, as cp.async and ldmatrix need
+  bf16* qs = reinterpret_cast<bf16*>(smem);
+  bf16* ks = qs + kBlockM * kPitch;       // K tiles: buffers 0 and 1
+  bf16* vs = ks + 2 * Smem<kD>::kTileK;   // V tiles: buffers 0 and 1
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int h = blockIdx.y, seq = blockIdx.z;
+  // The last tiles of a sequence see the most keys: start them first so they don't trail.
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  const int start = p.cu_seqlens_q[seq];
+  const int len_q = p.cu_seqlens_q[seq + 1] - start;
+  if (q0 >= len_q) return;  // this sequence is shorter than the longest one
+  const int start_k = p.cu_seqlens_k[seq];
+  const int len = p.cu_seqlens_k[seq + 1] - start_k;  // keys; query i is at key position i + shift
+  const int shift = len - len_q;
+
+  // TODO stage 12: the KV head of query head h (GQA), and how many key tiles this block visits (none wholly past its last row) (about 3 lines)
+  const int kv_head = 0, n_tiles = 0;
+  const bf16* q = p.q + start * p.q_stride + static_cast<int64_t>(h) * kD;
+  const bf16* k = p.k + start_k * p.k_stride + static_cast<int64_t>(kv_head) * kD;
+  const bf16* v = p.v + start_k * p.v_stride + static_cast<int64_t>(kv_head) * kD;
+  const int row0 = warp * 16;                            // this warp's first row in the tile
+  const int first_pos = q0 + row0 + shift;               // key position of that row
+  const int qpos = first_pos + lane / 4;                 // ... and of this lane's row g
+
+  // Q and the first K/V tile, then Q into registers: A fragments, 16 dims each.
+  load_tile<kBlockM, kD>(qs, q, p.q_stride, q0, len_q);
+  load_tile<kBlockN, kD>(ks, k, p.k_stride, 0, len);
+  load_tile<kBlockN, kD>(vs, v, p.v_stride, 0, len);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    ldmatrix_x4(qf[kk], qs + (row0 + lane % 16) * kPitch + kk * 16 + 8 * (lane / 16));
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.f, 0.f};
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int buf = j % 2;
+    if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer while tile j computes
+      load_tile<kBlockN, kD>(ks + (1 - buf) * Smem<kD>::kTileK, k, p.k_stride, (j + 1) * kBlockN, len);
+      load_tile<kBlockN, kD>(vs + (1 - buf) * Smem<kD>::kTileK, v, p.v_stride, (j + 1) * kBlockN, len);
+      cp_async_commit();
+      cp_async_wait<1>();  // everything but the newest group (tile j + 1) has landed
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's share of tile j is in shared memory
+
+    const int n0 = j * kBlockN;
+    // Warp-uniform: a tile wholly in the future of the warp's last row is skipped (causal).
+    if (n0 <= first_pos + 15) {
+      float s[kNTiles][4];
+      tile_scores<kD>(qf, ks + buf * Smem<kD>::kTileK, lane, p.scale_log2, s);
+      // Only tiles that cross the diagonal of the warp's first row, or the end of the keys,
+      // hold invisible keys.
+      if (n0 + kBlockN - 1 > first_pos || n0 + kBlockN > len) mask_scores(s, qpos, n0, len, lane);
+      online_softmax<kD>(s, m, l, o);
+      accumulate_pv<kD>(s, vs + buf * Smem<kD>::kTileK, lane, o);
+    }
+    __syncthreads();  // all warps are done with buffer `buf` before iteration j + 1 refills it
+  }
+
+  // TODO stage 12: per row: the sum over its 4 lanes; out = o / l rounded to bf16 for rows inside the sequence (l == 0: write 0, not NaN) (about 14 lines)
+}
+
+template <int kD>
+tvllm_status launch(const Params& p, int n_seqs, int max_seqlen, cudaStream_t stream) {
+  // TODO stage 12: a block of 256 threads per (128-query tile, head, sequence); opt in to Smem<kD>::kBytes of dynamic shared memory (about 10 lines)
+  return "TODO stage 12: a block of 256 threads per (128-query tile, head, sequence); opt in to Smem<kD>::kBytes of dynamic shared memory (about 10 lines)";
+}
+
+}  // namespace
+
+// q: [tokens, n_heads, head_dim], k, v: [tokens, n_kv_heads, head_dim], bf16, heads
+// contiguous inside a token's row, rows `*_stride` elements apart (a multiple of 8), 16-byte
+// aligned. out: [tokens, n_heads, head_dim] bf16, contiguous. cu_seqlens_q, cu_seqlens_k:
+// [n_seqs + 1] int32 on the device, rising from 0, with at least as many keys as queries in
+// each sequence; max_seqlen is the longest query run (known on the host: the kernel never
+// makes the CPU wait). head_dim 64 or 128 (flash_attention.py sends the others to stage 07).
+tvllm_status launch_flash_attention(const void* q, const void* k, const void* v, void* out,
+                                    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                    int n_seqs, int max_seqlen,
+                                    int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                    int n_heads, int n_kv_heads, int head_dim, float scale,
+                                    cudaStream_t stream) {
+  if (n_seqs == 0 || max_seqlen == 0 || n_heads == 0) return TVLLM_OK;
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
+  if (head_dim != 64 && head_dim != 128)
+    return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
+  if (n_heads > 65535 || n_seqs > 65535) return "at most 65535 heads and 65535 sequences";
+  const Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),
+                 static_cast<const bf16*>(v), static_cast<bf16*>(out),
+                 cu_seqlens_q, cu_seqlens_k, q_stride, k_stride, v_stride, n_heads, n_kv_heads,
+                 scale * kLog2e};
+  return head_dim == 64 ? launch<64>(p, n_seqs, max_seqlen, stream)
+                        : launch<128>(p, n_seqs, max_seqlen, stream);
+}

@@ -1,0 +1,82 @@
+// GIVEN FILE: generated from solutions/12_online_softmax/flash_attention_binding.cpp by `nox -s sync-stages`.
+// Read it; do not edit it. It is not graded (the grader uses the reference
+// copy), and any edit here is overwritten.
+// torch.ops.tinyvllm.flash_attention: checks, then flash_attention.cu (no host reads: graph-safe).
+#include <cmath>
+
+#include "binding.h"
+
+tvllm_status launch_flash_attention(const void* q, const void* k, const void* v, void* out,
+                                    const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                    int n_seqs, int max_seqlen,
+                                    int64_t q_stride, int64_t k_stride, int64_t v_stride,
+                                    int n_heads, int n_kv_heads, int head_dim, float scale,
+                                    cudaStream_t stream);
+
+namespace {
+
+// [tokens, heads, head_dim] bf16 whose heads are contiguous inside a token's row; the rows
+// may be further apart (a slice of a fused QKV tensor), 16-byte aligned for cp.async.
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 3, name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
+              ": each token's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
+              t.strides());
+  TORCH_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+              ": rows must be 16-byte aligned (token stride a multiple of 8, got ", t.stride(0), ")");
+}
+
+// q: [Tq, n_heads, d], k, v: [Tk, n_kv, d], cu_seqlens_q, cu_seqlens_k: [B + 1] int32
+// -> out: [Tq, n_heads, d], d = 64 or 128. The offsets stay on the device: reading them here
+// would make the CPU wait for the GPU once per layer, so the caller validates them once on
+// the host and passes the longest query run as max_seqlen_q.
+void flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                     int64_t max_seqlen_q, double scale, at::Tensor& out) {
+  check_rows(q, "q");
+  check_rows(k, "k");
+  check_rows(v, "v");
+  tvllm::check_tensor(out, "out", at::kBFloat16, 3);
+  tvllm::check_tensor(cu_seqlens_q, "cu_seqlens_q", at::kInt, 1);
+  tvllm::check_tensor(cu_seqlens_k, "cu_seqlens_k", at::kInt, 1);
+  for (const at::Tensor& t : {k, v, out, cu_seqlens_q, cu_seqlens_k}) tvllm::check_same_device(q, t);
+  TORCH_CHECK(q.size(2) == 64 || q.size(2) == 128, "flash_attention: head_dim must be 64 or 128, got ",
+              q.size(2), " (prefill_attention in flash_attention.py sends other sizes to stage 07)");
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have one shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(k.size(2) == q.size(2), "q is ", q.sizes(), " so k and v must be [tokens, n_kv_heads, ",
+              q.size(2), "], got ", k.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "n_heads (", q.size(1),
+              ") must be a multiple of n_kv_heads (", k.size(1), ")");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "out must be 16-byte aligned");
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(cu_seqlens_q.numel() >= 1 && cu_seqlens_k.numel() == cu_seqlens_q.numel(),
+              "cu_seqlens_q and cu_seqlens_k must both be [n_seqs + 1], got ", cu_seqlens_q.numel(),
+              " and ", cu_seqlens_k.numel(), " entries");
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= q.size(0), "max_seqlen_q must be in [0, ",
+              q.size(0), "], got ", max_seqlen_q);
+  TORCH_CHECK(q.size(0) < (int64_t{1} << 31) && k.size(0) < (int64_t{1} << 31),
+              "at most 2^31 - 1 tokens");
+
+  c10::cuda::CUDAGuard guard(q.device());
+  tvllm::check_launch(
+      launch_flash_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                             cu_seqlens_q.data_ptr<int32_t>(), cu_seqlens_k.data_ptr<int32_t>(),
+                             static_cast<int>(cu_seqlens_q.numel() - 1),
+                             static_cast<int>(max_seqlen_q), q.stride(0), k.stride(0), v.stride(0),
+                             static_cast<int>(q.size(1)), static_cast<int>(k.size(1)),
+                             static_cast<int>(q.size(2)), static_cast<float>(scale),
+                             tvllm::stream()),
+      "flash_attention");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("flash_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, int max_seqlen_q, float scale, Tensor(a!) out) -> ()",
+        &flash_attention);
+}
