@@ -337,6 +337,62 @@ def attention_cases(ops: Ops) -> Iterator[Case]:
                    via=ops.via("prefill_attention"), skip=None if ours else why)
 
 
+def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
+                scale: float) -> torch.Tensor:
+    """_sdpa_packed pinned to torch's FlashAttention-2 backend (stage 12's yardstick)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return _sdpa_packed(q, k, v, n_seq, scale)
+
+
+def _stage_op(ops: Ops, stage: str, module: str, name: str) -> tuple[Callable | None, str | None]:
+    """Op `name` of one given stage's module (not the op table's choice), or why not."""
+    if ops.build_error:
+        return None, f"error: {ops.build_error}"
+    from course import manifest, parts
+    if not manifest.find(stage).ready:
+        return None, f"skipped: stage {stage} is not available yet"
+    try:
+        return getattr(parts.load(stage, module), name), None
+    except Exception as e:  # a broken module is its rows' error
+        return None, f"error: importing {stage}/{module}.py: {type(e).__name__}: {e}"
+
+
+def flash_attention_cases(ops: Ops) -> Iterator[Case]:
+    """Stage 12's tiled prefill and stage 07's kernel, each beside torch SDPA's flash backend.
+
+    Same shapes, inputs and FLOP count as `attention`; 'torch' is SDPBackend.FLASH_ATTENTION
+    in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the issue's target:
+    stage 12 at 50% or more of it, and 10x stage 07 or more).
+    """
+    scale = HEAD_DIM ** -0.5
+    for stage, module in (("12", "flash_attention"), ("07", "attention")):
+        fn, why = _stage_op(ops, stage, module, "prefill_attention")
+        for n_seq, S in ATTENTION_SHAPES:
+            T = n_seq * S
+
+            def make_set(g, T=T):
+                return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
+                        "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
+                        "v": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)}
+            cu = torch.arange(0, T + 1, S, dtype=torch.int32, device=DEVICE)
+            out = torch.empty(T, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+            ours = None
+            if fn is not None:  # max_seqlen_q given, as the engine gives it: no host reads
+                ours = (lambda s, cu=cu, out=out, S=S, fn=fn:
+                        fn(s["q"], s["k"], s["v"], cu, scale, out=out, max_seqlen_q=S))
+            flops = n_seq * 4 * HEAD_DIM * N_HEADS * S * (S + 1) // 2
+            nbytes = (T * N_HEADS * HEAD_DIM * 2) * 2 + (T * N_KV_HEADS * HEAD_DIM * 2) * 2
+            yield Case(f"prefill_attention ({stage})", f"{n_seq}x{S}" if n_seq > 1 else str(S),
+                       nbytes, make_set,
+                       torch_fn=lambda s, n=n_seq: _sdpa_flash(s["q"], s["k"], s["v"], n, scale),
+                       reference=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale,
+                                                                 upcast=True),
+                       ours_fn=ours, flops=flops, outs=[out] if ours else [],
+                       via=f"{stage}/{module}.py prefill_attention; torch: SDPA flash backend",
+                       skip=None if ours else why)
+
+
 def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
                  upcast: bool = False) -> torch.Tensor:
     """One query token per sequence over the whole cache, slot b = sequence b (all full).
@@ -394,6 +450,7 @@ FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "argmax": argmax_cases,
     "linear": linear_cases,
     "attention": attention_cases,
+    "flash_attention": flash_attention_cases,
     "decode_attention": decode_attention_cases,
 }
 
