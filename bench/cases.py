@@ -23,6 +23,8 @@ ROPE_POSITIONS = 8192
 TOKENS = (1, 64, 4096)
 ATTENTION_SHAPES = ((1, 4096), (8, 512))     # (sequences, tokens each)
 DECODE_SHAPES = ((64, 1024), (1, 8192))      # (sequences, context length of each)
+PAGED_SHAPES = ((64, 1024), (256, 512), (1, 32768))   # paged decode: (sequences, context)
+PAGED_BLOCK = 16
 
 Outputs = tuple[torch.Tensor, ...]
 
@@ -441,6 +443,43 @@ def decode_attention_cases(ops: Ops) -> Iterator[Case]:
                    via=ops.via("decode_attention"), skip=None if ours else why)
 
 
+def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
+    """Stage 14's decode step over a paged cache (blocks of 16, shuffled over the pool).
+
+    GB/s counts the K and V bytes read, as for decode_attention: the issue's target is 85% of
+    the copy bandwidth at 64 x 1024 and 256 x 512 (the single pass) and 70% at 1 x 32768
+    (split-K). Beside it, torch's SDPA (enable_gqa) on a contiguous cache of the same shapes
+    holding the same keys: the speed a paged layout has to match.
+    """
+    fn, why = ops.get("paged_decode_attention")
+    scale = HEAD_DIM ** -0.5
+    for B, S in PAGED_SHAPES:
+        n_blocks = B * S // PAGED_BLOCK
+
+        def make_set(g, B=B, S=S, n_blocks=n_blocks):
+            k = _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g)
+            v = _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g)
+            # pool block p holds logical block perm[p]; the table maps logical -> physical
+            perm = torch.randperm(n_blocks, generator=g, device=DEVICE)
+            shape = (n_blocks, PAGED_BLOCK, N_KV_HEADS, HEAD_DIM)
+            return {"q": _gen_randn((B, N_HEADS, HEAD_DIM), g), "k": k, "v": v,
+                    "pk": k.view(shape)[perm].contiguous(), "pv": v.view(shape)[perm].contiguous(),
+                    "tables": torch.argsort(perm).to(torch.int32).view(B, S // PAGED_BLOCK)}
+        lens = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+        out = torch.empty(B, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        ours = None
+        if fn is not None:
+            ours = (lambda s, lens=lens, out=out:
+                    fn(s["q"], s["pk"], s["pv"], s["tables"], lens, scale, out=out))
+        kv_bytes = 2 * B * S * N_KV_HEADS * HEAD_DIM * 2
+        yield Case("paged_decode_attention", f"{B}x{S}", kv_bytes, make_set,
+                   torch_fn=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale),
+                   reference=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale, upcast=True),
+                   ours_fn=ours, outs=[out] if ours else [],
+                   via=ops.via("paged_decode_attention") if fn else "",
+                   skip=None if ours else why)
+
+
 FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "embedding": embedding_cases,
     "rmsnorm": rmsnorm_cases,
@@ -452,5 +491,6 @@ FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "attention": attention_cases,
     "flash_attention": flash_attention_cases,
     "decode_attention": decode_attention_cases,
+    "paged_decode_attention": paged_decode_attention_cases,
 }
 

@@ -1,0 +1,113 @@
+# GIVEN FILE: generated from solutions/14_paged_kernel/paged_attention.py by `nox -s sync-stages`.
+# Read it; do not edit it. It is not graded (the grader uses the reference
+# copy), and any edit here is overwritten.
+"""Stage 14 op: decode attention over a paged KV cache, reading each sequence's block table.
+
+    out[b, h] = sum_j softmax_j(scale * q[b, h] . K_b[j]) V_b[j],   j < context_lens[b]
+
+where key j of sequence b lives in block block_tables[b, j // block_size], row
+j % block_size, of k_cache / v_cache: [num_blocks, block_size, n_kv_heads, head_dim]. Query
+head h reads KV head h // (n_heads // n_kv_heads). `paged_decode_attention` sends CUDA
+tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`.
+
+On CUDA, long contexts in small batches are split into partitions of 512 keys computed by
+separate thread blocks and merged by a second kernel (flash-decoding's split-K). How many
+partitions a call has comes from `max_context` (the engine's max_model_len; by default the
+block table's capacity, max_blocks * block_size), never from the lengths on the device, so a
+decode step is the same kernel launch at every step and can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+
+from course import parts
+
+
+def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+           block_tables: torch.Tensor, context_lens: torch.Tensor) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"paged attention: q must be [batch, n_heads, head_dim] and the caches "
+                         f"[num_blocks, block_size, n_kv_heads, head_dim], got {tuple(q.shape)}, "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    batch, n_heads, head_dim = q.shape
+    if k_cache.shape[3] != head_dim or n_heads % k_cache.shape[2]:
+        raise ValueError(f"paged attention: q {tuple(q.shape)} does not match the caches "
+                         f"{tuple(k_cache.shape)} (head_dim, and n_heads a multiple of n_kv_heads)")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch \
+            or context_lens.shape != (batch,):
+        raise ValueError(f"paged attention: block_tables must be [{batch}, max_blocks] and "
+                         f"context_lens [{batch}], got {tuple(block_tables.shape)} and "
+                         f"{tuple(context_lens.shape)}")
+
+
+def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                  block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                  scale: float, out: torch.Tensor | None = None,
+                                  max_context: int | None = None,
+                                  split: bool | None = None) -> torch.Tensor:
+    """Plain torch, one sequence at a time, in float32; the result is cast to q's dtype.
+
+    q: [batch, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv_heads,
+    head_dim]; block_tables: [batch, max_blocks] int; context_lens: [batch] int (0: a padding
+    row, its output is zeros). Returns [batch, n_heads, head_dim], into `out` when given.
+    max_context: no context may be longer (the kernel's contract); split is the kernel's
+    (accepted here so both take the same arguments: the math does not depend on it).
+    """
+    _check(q, k_cache, v_cache, block_tables, context_lens)
+    if max_context is not None and any(n > max_context for n in context_lens.tolist()):
+        raise ValueError(f"paged attention: a context length in {context_lens.tolist()} exceeds "
+                         f"max_context = {max_context}")
+    batch, n_heads, head_dim = q.shape
+    num_blocks, block_size, n_kv, _ = k_cache.shape
+    group = n_heads // n_kv
+    result = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    tables, lens = block_tables.tolist(), context_lens.tolist()
+    for b in range(batch):
+        n = lens[b]
+        if n == 0:
+            result[b] = 0
+            continue
+        blocks = tables[b][: -(-n // block_size)]
+        if not all(0 <= x < num_blocks for x in blocks) or n > len(tables[b]) * block_size:
+            raise ValueError(f"paged attention: sequence {b} needs {n} keys but its block table "
+                             f"{tables[b]} does not hold them (blocks 0..{num_blocks - 1})")
+        index = torch.tensor(blocks, device=k_cache.device)
+        ks = k_cache.index_select(0, index).reshape(-1, n_kv, head_dim)[:n]   # [n, kv, d]
+        vs = v_cache.index_select(0, index).reshape(-1, n_kv, head_dim)[:n]
+        qs = q[b].float().reshape(n_kv, group, head_dim)                        # [kv, g, d]
+        scores = (qs @ ks.float().transpose(0, 1).transpose(1, 2)) * scale      # [kv, g, n]
+        probs = torch.softmax(scores, dim=-1)
+        result[b] = (probs @ vs.float().transpose(0, 1)).reshape(n_heads, head_dim).to(q.dtype)
+    return result
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None, max_context: int | None = None,
+                           split: bool | None = None) -> torch.Tensor:
+    """One query token per sequence against its paged cache: the kernel on CUDA, the twin on CPU.
+
+    q: [batch, n_heads, head_dim] bf16, each row's heads contiguous, rows a multiple of 8
+    elements apart (it may be a view of a fused QKV tensor). k_cache, v_cache: [num_blocks,
+    block_size, n_kv_heads, head_dim] bf16, contiguous, block_size a power of two; head_dim a
+    multiple of 8 up to 128. block_tables: [batch, max_blocks] int32 (entries past a
+    sequence's last block are never read); context_lens: [batch] int32 (0 = a padding row,
+    zeros). out: optional contiguous [batch, n_heads, head_dim] bf16 buffer.
+    max_context: the longest context any call may bring (the engine passes max_model_len);
+    None = max_blocks * block_size. It fixes the split-K partition count (ceil(max_context /
+    512)). split: None = the kernel decides (split when batch * n_kv_heads is small against
+    the SM count), True / False = always / never (tests, measurements).
+    The CUDA path never reads a device value on the host (it can be captured in a CUDA
+    graph), so it cannot check values: a row whose length exceeds max_context or the block
+    table, or whose blocks lie outside the pool, is NaN. Validate them on the host.
+    """
+    if not q.is_cuda:
+        return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
+                                             scale, out, max_context, split)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    parts.kernels().paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, float(scale),
+        -1 if max_context is None else int(max_context), -1 if split is None else int(bool(split)),
+        out)
+    return out

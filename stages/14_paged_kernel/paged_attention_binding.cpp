@@ -1,0 +1,112 @@
+// GIVEN FILE: generated from solutions/14_paged_kernel/paged_attention_binding.cpp by `nox -s sync-stages`.
+// Read it; do not edit it. It is not graded (the grader uses the reference
+// copy), and any edit here is overwritten.
+// torch.ops.tinyvllm.paged_decode_attention: checks (shapes, dtypes, devices only), the split-K
+// choice (host values only) and its workspace, then paged_attention.cu. It reads no device
+// memory on the host (no block table or length values), so a decode step that calls it can be
+// captured in a CUDA graph; the workspace then comes from the graph's private memory pool.
+#include <cmath>
+#include <limits>
+
+#include <ATen/ops/empty.h>
+
+#include "binding.h"
+
+int64_t paged_attention_partitions(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
+                                   int split);
+tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+                                           void* out, const int32_t* block_tables,
+                                           const int32_t* context_lens, float* workspace,
+                                           int batch, int64_t q_stride, int n_heads,
+                                           int n_kv_heads, int head_dim, int num_blocks,
+                                           int block_size, int max_blocks, int max_keys,
+                                           int partitions, float scale, cudaStream_t stream);
+
+namespace {
+
+// q: [B, n_heads, d]; k_cache, v_cache: [num_blocks, block_size, n_kv, d]; block_tables:
+// [B, max_blocks] int32; context_lens: [B] int32 -> out: [B, n_heads, d].
+// max_context: the longest context any sequence may have (-1: max_blocks * block_size); it
+// fixes the split-K partition count. split: -1 let the kernel decide, 0 never, 1 always.
+void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& context_lens, double scale, int64_t max_context,
+                            int64_t split, at::Tensor& out) {
+  TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device());
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ", q.scalar_type());
+  TORCH_CHECK(q.dim() == 3, "q must be [batch, n_heads, head_dim], got shape ", q.sizes());
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q: each sequence's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
+              q.strides());
+  TORCH_CHECK(q.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0,
+              "q: rows must be 16-byte aligned (row stride a multiple of 8, got ", q.stride(0), ")");
+  tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
+  tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
+  tvllm::check_tensor(block_tables, "block_tables", at::kInt, 2);
+  tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
+  tvllm::check_tensor(out, "out", at::kBFloat16, 3);
+  for (const at::Tensor& t : {k_cache, v_cache, block_tables, context_lens, out})
+    tvllm::check_same_device(q, t);
+
+  const int64_t batch = q.size(0), n_heads = q.size(1), head_dim = q.size(2);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.size(3) == head_dim, "q is ", q.sizes(), " so the caches must be "
+              "[num_blocks, block_size, n_kv_heads, ", head_dim, "], got ", k_cache.sizes());
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), n_kv = k_cache.size(2);
+  TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0, "n_heads (", n_heads,
+              ") must be a multiple of n_kv_heads (", n_kv, ")");
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim > 0 && head_dim <= 128,
+              "head_dim must be a multiple of 8, at most 128, got ", head_dim);
+  TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
+              "block_size (k_cache.size(1)) must be a power of two, got ", block_size);
+  TORCH_CHECK(block_tables.size(0) == batch && context_lens.size(0) == batch,
+              "block_tables must be [", batch, ", max_blocks] and context_lens [", batch,
+              "] (one row per sequence of q), got ", block_tables.sizes(), " and ",
+              context_lens.sizes());
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
+              "out, k_cache and v_cache must be 16-byte aligned");
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(split >= -1 && split <= 1, "split must be -1 (decide), 0 (never) or 1 (always), got ",
+              split);
+  TORCH_CHECK(max_context >= -1, "max_context must be -1 (from the block table) or >= 0, got ",
+              max_context);
+  const int64_t capacity = block_tables.size(1) * block_size;
+  const int64_t max_keys = max_context < 0 ? capacity : std::min(capacity, max_context);
+  TORCH_CHECK(batch < (int64_t{1} << 31) && num_blocks < (int64_t{1} << 31) &&
+                  block_tables.size(1) < (int64_t{1} << 31) && max_keys <= (int64_t{1} << 30),
+              "at most 2^31 - 1 sequences and blocks, and contexts of at most 2^30 keys");
+
+  c10::cuda::CUDAGuard guard(q.device());
+  const int64_t partitions = paged_attention_partitions(
+      static_cast<int>(batch), static_cast<int>(n_heads), static_cast<int>(n_kv), max_keys,
+      static_cast<int>(split));
+  TORCH_CHECK(partitions >= 1 && partitions <= 8192 && batch * partitions < (int64_t{1} << 31),
+              "split-K: at most 8192 partitions of 512 keys (max_context up to 4M), got ",
+              partitions);
+  at::Tensor workspace;  // partial o (float) then (m, l) per (sequence, head, partition)
+  if (partitions > 1)
+    workspace = at::empty({batch * n_heads * partitions * (head_dim + 2)},
+                          q.options().dtype(at::kFloat));
+  tvllm::check_launch(
+      launch_paged_decode_attention(
+          q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+          block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+          partitions > 1 ? workspace.data_ptr<float>() : nullptr, static_cast<int>(batch),
+          q.stride(0), static_cast<int>(n_heads), static_cast<int>(n_kv),
+          static_cast<int>(head_dim), static_cast<int>(num_blocks), static_cast<int>(block_size),
+          static_cast<int>(block_tables.size(1)), static_cast<int>(max_keys),
+          static_cast<int>(partitions), static_cast<float>(scale), tvllm::stream()),
+      "paged_decode_attention");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor context_lens, float scale, int max_context, int split, Tensor(a!) out) -> ()",
+        &paged_decode_attention);
+}

@@ -1,0 +1,445 @@
+"""Stage 14: the paged decode-attention kernel, one query token per sequence over a paged cache.
+
+Every case compares the kernel with two references computed from the same bf16 inputs:
+torch.nn.functional.scaled_dot_product_attention in float32, one sequence at a time on the
+keys gathered through its block table (an oracle that shares no code with this course), and
+the native twin paged_decode_attention_native.
+
+The pool is NaN everywhere except the rows the sequences own; physical blocks are shuffled
+(a kernel that ignores the block table reads the wrong rows); the last block of a sequence is
+usually partly filled (its rows past the context are NaN); block-table entries past a
+sequence's last block point at NaN blocks. So a kernel that reads one key too many, or a
+block it should not, returns NaN. When the output is wrong, the test also tries the usual
+mistakes (block j instead of j // block_size, KV head by modulo, split-K partitions merged
+without their weights) and names the one that matches.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course import parts
+from grader import checks
+
+# (n_heads, n_kv_heads, head_dim): Llama-3.2-1B (group 4), SmolLM2-135M (3), TinyLlama (8),
+# plain multi-head (1), and groups 1 and 4 at head_dim 128.
+HEADS = [(32, 8, 64), (9, 3, 64), (32, 4, 64), (4, 4, 128), (16, 4, 128)]
+LENGTHS = [1, 15, 16, 17, 1000, 4097]
+PARTITION = 512  # keys per split-K partition in paged_attention.cu
+
+
+def paged_op():
+    return parts.load("14", "paged_attention")
+
+
+class Paged:
+    """q, a paged pool and the block tables for a batch of context lengths (see the top)."""
+
+    def __init__(self, gen: torch.Generator, lens: list[int], n_heads: int, n_kv: int, d: int,
+                 *, block_size: int = 16, spare_blocks: int = 5, extra_columns: int = 2,
+                 num_blocks: int | None = None, max_blocks: int | None = None,
+                 fused: bool = False, q_scale: float = 1.0):
+        self.lens, self.block_size = list(lens), block_size
+        batch = len(lens)
+        need = [-(-n // block_size) for n in lens]
+        num_blocks = num_blocks or sum(need) + spare_blocks
+        max_blocks = max_blocks or max(need + [1]) + extra_columns
+        assert num_blocks > sum(need) and max_blocks >= max(need + [1])
+        if fused:
+            qkv = checks.randn((batch, (n_heads + 2 * n_kv) * d), torch.bfloat16, "cuda", gen,
+                               scale=q_scale)
+            self.q = qkv[:, :n_heads * d].view(batch, n_heads, d)
+        else:
+            self.q = checks.randn((batch, n_heads, d), torch.bfloat16, "cuda", gen, scale=q_scale)
+        shape = (num_blocks, block_size, n_kv, d)
+        self.k = checks.poison(torch.empty(shape, dtype=torch.bfloat16, device="cuda"))
+        self.v = checks.poison(torch.empty(shape, dtype=torch.bfloat16, device="cuda"))
+        perm = torch.randperm(num_blocks, generator=gen, device="cuda").tolist()
+        owned, spare = perm[:sum(need)], perm[sum(need):]
+        self.tables: list[list[int]] = []
+        for b, n in enumerate(lens):
+            blocks, owned = owned[:need[b]], owned[need[b]:]
+            # columns past the last block name NaN blocks: reading them shows
+            self.tables.append(blocks + [spare[(b + i) % len(spare)]
+                                         for i in range(max_blocks - need[b])])
+            for i, blk in enumerate(blocks):
+                rows = min(block_size, n - i * block_size)
+                self.k[blk, :rows] = checks.randn((rows, n_kv, d), torch.bfloat16, "cuda", gen)
+                self.v[blk, :rows] = checks.randn((rows, n_kv, d), torch.bfloat16, "cuda", gen)
+        self.block_tables = torch.tensor(self.tables, dtype=torch.int32, device="cuda")
+        self.context_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+    def args(self):
+        return self.q, self.k, self.v, self.block_tables, self.context_lens
+
+    def rows(self, b: int, index=lambda j, bs: j // bs) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(blocks, rows) of sequence b's keys, with `index` mapping key j to its table column
+        (right: j // block_size); None when that mapping leaves the table."""
+        n, bs = self.lens[b], self.block_size
+        cols = [index(j, bs) for j in range(n)]
+        if any(c >= len(self.tables[b]) for c in cols):
+            return None
+        blocks = torch.tensor([self.tables[b][c] for c in cols], device="cuda", dtype=torch.long)
+        return blocks, torch.arange(n, device="cuda") % bs
+
+
+def sdpa_oracle(pg: Paged, scale: float, *, kv_of_head: list[int] | None = None,
+                index=lambda j, bs: j // bs, merge: str = "exact") -> torch.Tensor | None:
+    """SDPA in float32 per sequence on the keys gathered through the block table ->
+    [B, n_heads, d] float32. merge="plain"/"no_rescale": the keys cut in partitions of 512,
+    each softmax-normalised alone, then averaged / weighted by their sums without the
+    rescaling to a common maximum (the usual split-K reduction mistakes)."""
+    q = pg.q
+    n_heads, n_kv = q.shape[1], pg.k.shape[2]
+    if kv_of_head is None:
+        kv_of_head = [h // (n_heads // n_kv) for h in range(n_heads)]
+    heads = torch.tensor(kv_of_head, device="cuda")
+    out = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
+    for b, n in enumerate(pg.lens):
+        if n <= 0:
+            continue
+        found = pg.rows(b, index)
+        if found is None:
+            return None
+        blocks, rows = found
+        ks = pg.k[blocks, rows].index_select(1, heads).float().transpose(0, 1)  # [H, n, d]
+        vs = pg.v[blocks, rows].index_select(1, heads).float().transpose(0, 1)
+        qs = q[b].float()[:, None, :]                                           # [H, 1, d]
+        if merge == "exact":
+            out[b] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[:, 0, :]
+            continue
+        partial, sums, maxes = [], [], []
+        for start in range(0, n, PARTITION):
+            s = (qs @ ks[:, start:start + PARTITION].transpose(1, 2))[:, 0] * scale  # [H, p]
+            m = s.max(dim=1, keepdim=True).values
+            e = torch.exp(s - m)
+            pv = (e[:, None, :] @ vs[:, start:start + PARTITION])[:, 0]              # [H, d]
+            partial.append(pv / e.sum(1, keepdim=True))
+            sums.append(e.sum(1, keepdim=True))
+            maxes.append(m)
+        o, l = torch.stack(partial), torch.stack(sums)           # [P, H, d], [P, H, 1]
+        out[b] = o.mean(0) if merge == "plain" else (o * l).sum(0) / l.sum(0)
+    return out
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor | None) -> bool:
+    if expected is None:
+        return False
+    atol, rtol = checks.TOLERANCES[torch.bfloat16]
+    g, e = got.float(), expected.float()
+    return bool(((g - e).abs() <= atol + rtol * e.abs()).all())
+
+
+NAN_HINT = ("NaN in the output: the kernel read cache rows that no sequence owns. Sequence b "
+            "owns rows j % block_size of blocks block_tables[b, j // block_size] for j < "
+            "context_lens[b] only: the rest of a partly filled last block, the table entries "
+            "past the last block, and every other block are NaN here, and 0 * NaN is NaN, so "
+            "keys past the context must not be loaded (nor their table entries used). Also "
+            "check exp2(-inf - -inf) in a state that has seen no key, and that split-K's "
+            "reduction reads only the partitions that hold keys")
+
+
+def likely_cause(got: torch.Tensor, pg: Paged, scale: float) -> str:
+    """Name the classic mistake whose output matches `got`, if one does."""
+    n_heads, n_kv = pg.q.shape[1], pg.k.shape[2]
+    right = sdpa_oracle(pg, scale)
+    mistakes = [
+        (dict(index=lambda j, bs: j),
+         "key j lives in table column j // block_size (row j % block_size of that block), "
+         "not in column j: this output matches block_tables[b, j]"),
+        (dict(kv_of_head=[h % n_kv for h in range(n_heads)]),
+         "the KV head must be h // (n_heads // n_kv_heads): neighbouring query heads share a "
+         "KV head (this output matches h % n_kv_heads)"),
+        (dict(merge="no_rescale"),
+         "split-K's reduction must rescale each partition to the common maximum: w_i = l_i * "
+         "exp(m_i - max_i m_i) (this output matches weights l_i without the exp)"),
+        (dict(merge="plain"),
+         "split-K's reduction must weight each partition's o_i / l_i by w_i = l_i * exp(m_i - "
+         "M), M the largest m_i (this output matches a plain average of the partitions)"),
+    ]
+    for change, hint in mistakes:
+        wrong = sdpa_oracle(pg, scale, **change)
+        if wrong is not None and not _close(wrong, right) and _close(got, wrong):
+            return hint
+    if got.isnan().any():
+        return NAN_HINT
+    return ("compare with paged_decode_attention_native in paged_attention.py: per sequence, "
+            "gather its keys through the block table, then per head softmax(scale * q K^T) V; "
+            "in the online softmax, when the running max grows from m to m', l and o must "
+            "both be multiplied by exp(m - m') before the new keys are added")
+
+
+def run_and_check(pg: Paged, scale: float, what: str, **options) -> torch.Tensor:
+    """Launch into a poisoned buffer; compare with SDPA and the twin; inputs untouched."""
+    inputs = dict(zip(("q", "k_cache", "v_cache", "block_tables", "context_lens"), pg.args()))
+    before = {name: t.clone() for name, t in inputs.items()}
+    out = checks.poison(torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda"))
+    got = paged_op().paged_decode_attention(*pg.args(), scale, out=out, **options)
+    torch.cuda.synchronize()
+    assert got.data_ptr() == out.data_ptr(), "paged_decode_attention(..., out=buf) must return buf"
+    expected = sdpa_oracle(pg, scale)
+    hint = "" if _close(got, expected) else likely_cause(got, pg, scale)
+    checks.assert_close(got, expected, what=f"{what} vs scaled_dot_product_attention",
+                        dtype=torch.bfloat16, hint=hint)
+    twin = parts.reference("14", "paged_attention").paged_decode_attention_native(
+        *pg.args(), scale)
+    checks.assert_close(got, twin, what=f"{what} vs paged_decode_attention_native", hint=hint)
+    for name, t in inputs.items():  # inputs are read-only
+        checks.assert_unmodified(before[name], t, name)
+    return got
+
+
+def poison_workspace(pg: Paged, max_context: int | None = None) -> None:
+    """Leave NaN in the memory the caching allocator will most likely hand to split-K's
+    workspace (torch.empty of the same size, allocated by the op): a reduction that reads a
+    partition nobody wrote then reads NaN."""
+    batch, n_heads, d = pg.q.shape
+    keys = pg.block_tables.shape[1] * pg.block_size
+    keys = keys if max_context is None else min(keys, max_context)
+    partitions = -(-keys // PARTITION)
+    junk = torch.full((batch * n_heads * partitions * (d + 2),), float("nan"), device="cuda")
+    del junk
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("n_heads,n_kv,d", HEADS, ids=lambda v: str(v))
+def test_one_sequence(seed, n, n_heads, n_kv, d):
+    """One sequence, shuffled blocks: 1 key, a block minus one, one block, one key into the
+    next, and long contexts whose last block is partly filled."""
+    pg = Paged(checks.generator("cuda", seed), [n], n_heads, n_kv, d)
+    poison_workspace(pg)
+    run_and_check(pg, d ** -0.5, f"context {n}, heads {n_heads}/{n_kv}, head_dim {d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (9, 3, 64), (8, 1, 128)],
+                         ids=lambda v: str(v))
+def test_batch_of_mixed_lengths(seed, block_size, n_heads, n_kv, d):
+    """64 sequences of different lengths in one pool (a real decode batch)."""
+    gen = checks.generator("cuda", seed)
+    lens = [1, 15, 16, 17, 1000, 2049] + torch.randint(1, 1500, (58,), generator=gen,
+                                                       device="cuda").tolist()
+    pg = Paged(gen, lens, n_heads, n_kv, d, block_size=block_size)
+    run_and_check(pg, d ** -0.5, f"batch of 64, block_size {block_size}, heads {n_heads}/{n_kv}")
+
+
+@pytest.mark.gpu
+def test_batch_of_256(seed):
+    """256 sequences (many blocks: the single pass), Llama-3.2-1B heads."""
+    gen = checks.generator("cuda", seed)
+    lens = torch.randint(1, 700, (256,), generator=gen, device="cuda").tolist()
+    pg = Paged(gen, lens, 32, 8, 64)
+    run_and_check(pg, 0.125, "batch of 256")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (12, 4, 128), (16, 2, 64)],
+                         ids=lambda v: str(v))
+def test_split_on_and_off_agree(seed, n_heads, n_kv, d):
+    """Split-K (partitions of 512 keys, merged by a second kernel) and the single pass give
+    the same result; lengths around the partition edges."""
+    gen = checks.generator("cuda", seed)
+    pg = Paged(gen, [1, 511, 512, 513, 1536, 3000, 4097], n_heads, n_kv, d)
+    poison_workspace(pg)
+    split = run_and_check(pg, d ** -0.5, "split-K", split=True)
+    single = run_and_check(pg, d ** -0.5, "single pass", split=False)
+    auto = run_and_check(pg, d ** -0.5, "split chosen by the kernel")
+    checks.assert_close(split, single, what="split-K vs single pass", dtype=torch.bfloat16)
+    checks.assert_close(auto, single, what="auto vs single pass", dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_split_with_empty_partitions(seed):
+    """max_context (the engine's max_model_len) fixes the partition count: most partitions
+    of short sequences hold no key; they must be skipped, and the reduction must not read
+    them (their workspace holds NaN here)."""
+    gen = checks.generator("cuda", seed)
+    pg = Paged(gen, [1, 600, 0, 2000], 32, 8, 64, extra_columns=600)
+    assert pg.block_tables.shape[1] * 16 >= 8192
+    poison_workspace(pg, 8192)
+    run_and_check(pg, 0.125, "split-K with max_context 8192", split=True, max_context=8192)
+    poison_workspace(pg)
+    run_and_check(pg, 0.125, "split-K, max_context from the block table", split=True)
+
+
+@pytest.mark.gpu
+def test_padding_rows_give_zeros(seed):
+    """context_lens 0 marks a padding row: its output is exactly 0, whatever its table says."""
+    pg = Paged(checks.generator("cuda", seed), [5, 0, 300, 0, 1], 8, 2, 64)
+    pg.block_tables[3] = -7  # a padding row's table is never looked at
+    pg.tables[3] = [-7] * len(pg.tables[3])
+    for split in (False, True):
+        got = run_and_check(pg, 0.125, f"padding rows (split={split})", split=split)
+        for b in (1, 3):
+            checks.assert_equal(got[b], torch.zeros_like(got[b]), what=f"padding row {b}",
+                                hint="a row with context_lens 0 must be written with zeros (not "
+                                     "left unwritten, not 0/0 = NaN)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv,d", [(9, 3, 64), (32, 8, 128)], ids=lambda v: str(v))
+def test_q_is_a_view_of_fused_qkv(seed, n_heads, n_kv, d):
+    """q sliced out of one fused QKV projection: its rows are (H + 2 KV) * d elements apart."""
+    pg = Paged(checks.generator("cuda", seed), [7, 129, 1, 64, 1100], n_heads, n_kv, d,
+               fused=True)
+    assert not pg.q.is_contiguous()
+    for split in (False, True):
+        run_and_check(pg, d ** -0.5, f"q as a view of a fused qkv tensor (split={split})",
+                      split=split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [8, 32, 96, 120])
+def test_other_head_dims(seed, d):
+    """The generic path: any head_dim that is a multiple of 8, up to 128 (tiny test models)."""
+    pg = Paged(checks.generator("cuda", seed), [5, 130, 1, 1000], 6, 2, d)
+    for split in (False, True):
+        run_and_check(pg, d ** -0.5, f"head_dim {d} (split={split})", split=split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_heads,n_kv", [(10, 2), (12, 2), (16, 1), (24, 2)],
+                         ids=lambda v: str(v))
+def test_other_group_sizes(seed, n_heads, n_kv):
+    """Groups of 5, 6, 16 (multi-query) and 12 query heads per KV head."""
+    pg = Paged(checks.generator("cuda", seed), [3, 257, 1, 700], n_heads, n_kv, 64)
+    for split in (False, True):
+        run_and_check(pg, 0.125, f"heads {n_heads}/{n_kv} (split={split})", split=split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [1, 8, 64])
+def test_other_block_sizes(seed, block_size):
+    """Any power of two: blocks smaller than a warp's step of keys, and larger ones."""
+    pg = Paged(checks.generator("cuda", seed), [1, 63, 64, 65, 900], 8, 2, 64,
+               block_size=block_size)
+    for split in (False, True):
+        run_and_check(pg, 0.125, f"block_size {block_size} (split={split})", split=split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [40, 3000])
+def test_growing_scores(seed, n):
+    """Scores that rise key after key: the running max grows at every step, and split-K's
+    later partitions have larger maxima than the earlier ones."""
+    gen = checks.generator("cuda", seed)
+    pg = Paged(gen, [n, n], 8, 2, 64)
+    ramp = torch.linspace(0.0, 3.0, n, device="cuda")[:, None, None]
+    for b in range(2):
+        direction = pg.q[b, :4].float().mean(0) if b == 0 else pg.q[b, 4:].float().mean(0)
+        keys = (ramp * direction).to(torch.bfloat16).expand(n, 2, 64)
+        blocks, rows = pg.rows(b)
+        pg.k[blocks, rows] = keys
+    for split in (False, True):
+        try:
+            run_and_check(pg, 0.125, f"rising scores, {n} keys (split={split})", split=split)
+        except AssertionError as e:
+            raise AssertionError(
+                f"{e}\n  when the scores keep rising: did you forget to rescale the "
+                "accumulator (and the sum l) when the max grows? o and l must be multiplied "
+                "by exp(m_old - m_new); and split-K's partitions by exp(m_i - max m)") from None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_scale", [8.0, 40.0])
+def test_large_scores_stay_finite(seed, q_scale):
+    """Scores in the hundreds: exp(s) overflows float32 unless the running max is subtracted."""
+    pg = Paged(checks.generator("cuda", seed), [200, 1000, 1], 8, 2, 64, q_scale=q_scale)
+    for split in (False, True):
+        got = run_and_check(pg, 64 ** -0.5, f"queries scaled by {q_scale} (split={split})",
+                            split=split)
+        checks.assert_finite(got, "paged attention output with large scores")
+
+
+@pytest.mark.gpu
+def test_bad_block_or_length_is_nan_not_a_crash(seed):
+    """The kernel cannot raise: a block number outside the pool or a length past the table's
+    capacity (or past max_context) reads nothing and gives NaN for that row only."""
+    pg = Paged(checks.generator("cuda", seed), [5, 40, 12, 3, 700], 4, 2, 64)
+    num_blocks = pg.k.shape[0]
+    pg.block_tables[1, 1] = num_blocks        # the second block of sequence 1
+    pg.block_tables[4, 0] = -1
+    pg.context_lens[2] = pg.block_tables.shape[1] * 16 + 1
+    good = [0, 3]
+    for split in (False, True):
+        out = checks.poison(torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda"))
+        paged_op().paged_decode_attention(*pg.args(), 0.125, out=out, split=split)
+        torch.cuda.synchronize()
+        assert out[[1, 2, 4]].isnan().all(), (
+            f"split={split}: rows with a block outside the pool or a length past the block "
+            "table must be NaN")
+        sub = Paged.__new__(Paged)
+        sub.q, sub.k, sub.v, sub.block_size = pg.q[good], pg.k, pg.v, 16
+        sub.lens, sub.tables = [pg.lens[b] for b in good], [pg.tables[b] for b in good]
+        checks.assert_close(out[good], sdpa_oracle(sub, 0.125),
+                            what=f"the valid rows beside invalid ones (split={split})",
+                            dtype=torch.bfloat16)
+    out = checks.poison(torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda"))
+    paged_op().paged_decode_attention(*pg.args(), 0.125, out=out, max_context=600, split=True)
+    torch.cuda.synchronize()
+    assert out[4].isnan().all(), "a length past max_context must give a NaN row"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,split", [(4, None), (4, False), (64, None)],
+                         ids=["4-auto", "4-single", "64-auto"])
+def test_captured_in_a_cuda_graph(seed, batch, split):
+    """A decode step runs inside a CUDA graph: the op must not read block_tables or
+    context_lens on the host (nor size anything from them), and a replay must see the
+    values written into them since, including a much longer context (more partitions)."""
+    gen = checks.generator("cuda", seed)
+    lens, new_lens = [30, 300, 3, 1] * (batch // 4), [31, 2500, 4, 0] * (batch // 4)
+    shape = dict(num_blocks=(batch // 4) * 190 + 20, max_blocks=170)  # room for both steps
+    pg = Paged(gen, lens, 32, 8, 64, **shape)
+    op = paged_op().paged_decode_attention
+    out = torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture (builds, loads the library)
+        op(*pg.args(), 0.125, out=out, split=split)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(*pg.args(), 0.125, out=out, split=split)
+    # The next step: new queries, new lengths (one much longer), other blocks, written into
+    # the very tensors the graph reads.
+    fresh = Paged(gen, new_lens, 32, 8, 64, **shape)
+    for mine, theirs in zip(pg.args(), fresh.args()):
+        mine.copy_(theirs)
+    checks.poison(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = sdpa_oracle(fresh, 0.125)
+    checks.assert_close(out, expected, what="graph replay with new block tables and lengths",
+                        dtype=torch.bfloat16, hint="" if not out.isnan().any() else NAN_HINT)
+
+
+@pytest.mark.gpu
+def test_rejects_bad_input(seed):
+    pg = Paged(checks.generator("cuda", seed), [3, 5], 4, 2, 64)
+    run_and_check(pg, 0.125, "a valid call")
+    kernel = parts.kernels().paged_decode_attention
+    q, k, v, tables, lens = pg.args()
+    out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
+    k24 = torch.zeros((k.shape[0], 24, 2, 64), dtype=k.dtype, device="cuda")
+    bad = {
+        "multiple of n_kv_heads": (q[:, :3].contiguous(), k, v, tables, lens, 0.1, -1, -1,
+                                   out[:, :3].contiguous()),
+        "bfloat16": (q.float(), k, v, tables, lens, 0.1, -1, -1, out),
+        "block_tables": (q, k, v, tables.long(), lens, 0.1, -1, -1, out),
+        "context_lens": (q, k, v, tables, lens[:1], 0.1, -1, -1, out),
+        "power of two": (q, k24, k24, tables, lens, 0.1, -1, -1, out),
+        "k_cache must be contiguous": (q, k.transpose(1, 2), v.transpose(1, 2), tables, lens,
+                                       0.1, -1, -1, out),
+        "one shape": (q, k, v[:, :8].contiguous(), tables, lens, 0.1, -1, -1, out),
+        "out must be": (q, k, v, tables, lens, 0.1, -1, -1, out[:1]),
+        "split must be": (q, k, v, tables, lens, 0.1, -1, 2, out),
+    }
+    for needle, args in bad.items():
+        with pytest.raises(RuntimeError) as info:
+            kernel(*args)
+        assert needle in str(info.value), (
+            f"bad input should be refused with a message about {needle!r}, got: {info.value}")
