@@ -86,7 +86,7 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
     decoder = runner.decoder
     size = decoder.padded_size(len(ids))
     decoder._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
-                  plan.padded_block_tables(decoder.tables.shape[1]), size)
+                  plan.block_tables, size)
     for s in seqs:
         s.num_scheduled = 0
     kernels = kernel_table(lambda: decoder._step(size))

@@ -23,10 +23,12 @@ def model(tmp_path_factory):
 
 def test_step_plan_rejects_what_does_not_fit():
     cache = SimpleNamespace(block_size=10, num_blocks=3)
-    with pytest.raises(ValueError, match="do not fit"):
+    with pytest.raises(ValueError, match="must fit its 1 block"):
         kv().StepPlan.build([kv().SeqStep([0], 8, 3)], cache)
-    with pytest.raises(ValueError, match="blocks in 0..2"):
+    with pytest.raises(ValueError, match="numbered 0..2"):
         kv().StepPlan.build([kv().SeqStep([0, 3], 8, 3)], cache)
+    with pytest.raises(ValueError, match="at least one new token"):
+        kv().StepPlan.build([kv().SeqStep([0], 8, 0)], cache)
     with pytest.raises(ValueError, match="at least one"):
         kv().StepPlan.build([], cache)
 

@@ -115,31 +115,42 @@ class StepPlan:
     @classmethod
     def build(cls, steps: Sequence[SeqStep], cache) -> "StepPlan":
         """The plan of a step over `cache` (its block_size and num_blocks); ValueError for a
-        sequence that does not fit the blocks it owns."""
+        sequence that does not fit the blocks it owns.
+
+        It runs on the host every step, for every sequence (256 of them in a decode step of a
+        busy engine), so it is written as plain loops over Python ints with no per-position
+        work beyond what the step needs: a decode step costs a few lists of B entries.
+        """
         if not steps:
             raise ValueError("a step needs at least one sequence")
         bs, n_blocks = cache.block_size, cache.num_blocks
-        for s in steps:
-            if s.cached < 0 or s.new < 1 or not all(0 <= b < n_blocks for b in s.blocks):
-                raise ValueError(f"bad sequence step {s}: blocks in 0..{n_blocks - 1}, cached "
-                                 ">= 0 and at least one new token")
-            if s.cached + s.new > len(s.blocks) * bs:
-                raise ValueError(f"{s.cached} cached + {s.new} new tokens do not fit "
-                                 f"{len(s.blocks)} cache block(s) of {bs} positions")
-
-        def rows(s: SeqStep, start: int, end: int) -> list[int]:
-            return [s.blocks[p // bs] * bs + p % bs for p in range(start, end)]
+        positions, slot_mapping, cu_q, cu_k, lens = [], [], [0], [0], []
         decode = all(s.new == 1 for s in steps)
-        key_rows = None
-        if not decode and any(s.cached for s in steps):
-            key_rows = [r for s in steps for r in rows(s, 0, s.cached + s.new)]
-        return cls(positions=[p for s in steps for p in range(s.cached, s.cached + s.new)],
-                   cu_seqlens_q=offsets([s.new for s in steps]),
-                   cu_seqlens_k=offsets([s.cached + s.new for s in steps]),
-                   slot_mapping=[r for s in steps for r in rows(s, s.cached, s.cached + s.new)],
-                   block_tables=[list(s.blocks) for s in steps],
-                   context_lens=[s.cached + s.new for s in steps], key_rows=key_rows,
-                   decode=decode)
+        key_rows = [] if not decode and any(s.cached for s in steps) else None
+        for s in steps:
+            blocks, start, end = s.blocks, s.cached, s.cached + s.new
+            # The blocks this step writes must exist (the kernels would write elsewhere); the
+            # allocator that made the table vouches for the rest.
+            if start < 0 or s.new < 1 or end > len(blocks) * bs \
+                    or not 0 <= blocks[start // bs] < n_blocks \
+                    or not 0 <= blocks[(end - 1) // bs] < n_blocks:
+                raise ValueError(f"bad sequence step {s}: {s.cached} cached + {s.new} new "
+                                 f"tokens must fit its {len(blocks)} block(s) of {bs} positions, "
+                                 f"numbered 0..{n_blocks - 1}, with at least one new token")
+            if s.new == 1:
+                positions.append(start)
+                slot_mapping.append(blocks[start // bs] * bs + start % bs)
+            else:
+                positions.extend(range(start, end))
+                slot_mapping.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            if key_rows is not None:
+                key_rows.extend(blocks[p // bs] * bs + p % bs for p in range(end))
+            cu_q.append(cu_q[-1] + s.new)
+            cu_k.append(cu_k[-1] + end)
+            lens.append(end)
+        return cls(positions=positions, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                   slot_mapping=slot_mapping, block_tables=[s.blocks for s in steps],
+                   context_lens=lens, key_rows=key_rows, decode=decode)
 
     @property
     def seq_slots(self) -> list[int]:

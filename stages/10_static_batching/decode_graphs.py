@@ -66,6 +66,9 @@ class DecodeGraphs:
         self.tables = self.device_buffer[ROWS * max_batch:].view(max_batch, max_blocks)
         self.host_rows = self.host[: ROWS * max_batch].view(ROWS, max_batch).numpy()
         self.host_tables = self.host[ROWS * max_batch:].view(max_batch, max_blocks).numpy()
+        # What each row of host_tables holds: the table list written there, and its length.
+        self._written: list[list[int] | None] = [[]] * max_batch
+        self._written_len = [-1] * max_batch
         self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -101,12 +104,28 @@ class DecodeGraphs:
         # TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)
         raise NotImplementedError("TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)")
 
+    def _write_tables(self, block_tables: list[list[int]], size: int) -> None:
+        """Block tables into the host buffer, rows past len(block_tables) up to `size` made
+        padding. A row is rewritten only when its table changed since the last step (a new
+        block every block_size tokens, or another sequence in that row): at 256 sequences
+        rewriting every table every step costs more host time than the whole graph replay."""
+        pad = self.cache.pad_slot
+        for i, table in enumerate(block_tables):
+            if self._written[i] is not table or self._written_len[i] != len(table):
+                self.host_tables[i, : len(table)] = table
+                self._written[i], self._written_len[i] = table, len(table)
+        for i in range(len(block_tables), size):
+            if self._written[i] is not None:
+                self.host_tables[i, 0] = pad
+                self._written[i], self._written_len[i] = None, 1
+
     def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
               context_lens: list[int], block_tables: list[list[int]], size: int) -> None:
         """Write a step's inputs into the host buffer, pad rows up to `size`, copy it over."""
         n = len(ids)
-        # TODO stage 10: the four rows of host_rows[:, :n] and the tables; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, context 0, block table [pad_slot]); one non_blocking copy of host into device_buffer (about 9 lines)
-        raise NotImplementedError("TODO stage 10: the four rows of host_rows[:, :n] and the tables; padding rows n..size (id 0, position 0, slot_mapping = pad_slot * max_len, context 0, block table [pad_slot]); one non_blocking copy of host into device_buffer (about 9 lines)")
+        self._write_tables(block_tables, size)
+        # TODO stage 10: the four rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 5 lines)
+        raise NotImplementedError("TODO stage 10: the four rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 5 lines)")
 
     def run(self, ids: list[int], plan) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
@@ -115,6 +134,6 @@ class DecodeGraphs:
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))
         self._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
-                   plan.padded_block_tables(self.tables.shape[1]), size)
+                   plan.block_tables, size)
         # TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)
         raise NotImplementedError("TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)")
