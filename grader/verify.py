@@ -6,7 +6,7 @@
 2. grades every available stage against the reference solutions (must be full marks);
 3. grades every skeleton (must score 0, failing with TODO messages, never crashing);
 4. runs the project tests that need a GPU (engine equivalence with transformers);
-5. runs the kernel and engine benchmarks;
+5. runs the kernel benchmark and the serving benchmark (bench.throughput);
 and prints a summary table last. With --out, logs and JSON go to DIR.
 """
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     project_tests, project_errors = runner.run_tests(
         [manifest.ROOT / "tests"], [], test_timeout=args.timeout, pytest_args=("-m", "gpu"))
     bench = {} if args.no_bench else {m: run_bench(m, args.out)
-                                      for m in ("bench.kernels", "bench.engine")}
+                                      for m in ("bench.kernels", "bench.throughput")}
 
     failures = [t for r in solutions for t in r.tests if t.outcome != "passed"]
     failures += [t for t in project_tests if t.outcome not in ("passed",)]
