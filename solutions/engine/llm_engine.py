@@ -64,7 +64,7 @@ class LLMEngine:
         c = self.config
         self.scheduler = _sched.Scheduler(_sched.SchedulerConfig(
             max_model_len=self.runner.max_len,
-            max_num_seqs=min(c.max_num_seqs, self.runner.num_slots),
+            max_num_seqs=min(c.max_num_seqs, self.runner.max_num_seqs),
             max_num_batched_tokens=max(c.max_num_batched_tokens,
                                        0 if c.chunked_prefill else self.runner.max_len),
             chunked_prefill=c.chunked_prefill), self.runner.allocator)
@@ -102,7 +102,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def abort(self, request_id: int) -> RequestOutput | None:
-        """Stop a request now (between steps); its cache slot is freed at once."""
+        """Stop a request now (between steps); its cache is freed at once."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None

@@ -1,8 +1,13 @@
 """Runs one scheduled step on the model: inputs in, one sampled token per sequence out.
 
     ModelRunner(model, config)     a KV cache sized from memory, the cache attention backend,
-                                   decode CUDA graphs for every padded batch size
+                                   the scheduler's cache allocator, decode CUDA graphs for
+                                   every padded batch size
     runner.run(seqs) -> [token]    the step's sequences (num_scheduled set by the scheduler)
+
+The cache is paged (stage 13: a pool of blocks, a BlockManager with prefix caching, paged
+attention) once stage 13 is available, else stage 09's contiguous cache with one slot of
+max_model_len positions per sequence (stage 11's SlotAllocator); `EngineConfig.paged` picks.
 
 Prefill steps run the model eagerly on the packed prompts (stage 09's StepPlan); decode steps
 go through stage 10's DecodeGraphs (a graph replay on CUDA). Logits are computed for each
@@ -15,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course import parts
+from course import manifest, parts
 from solutions.engine import sampler
 
 _kv = parts.load("09", "kv_cache")
@@ -33,9 +38,14 @@ class EngineConfig:
         DEFAULT_MAX_MODEL_LEN: each running sequence reserves a whole context of cache).
     max_num_seqs: sequences per step (the largest decode batch and CUDA graph).
     max_num_batched_tokens: tokens per step (prefill chunks are cut to fit).
-    gpu_memory_utilization: the share of the GPU's free memory (after loading the weights)
-        that the KV cache may take; kv_cache_gib: the cache size on a CPU.
+    gpu_memory_utilization: paged, the share of the GPU's total memory that the weights,
+        a prefill step's activations (measured by a warm-up step) and the KV cache may take
+        together; contiguous, the share of the memory free after loading the weights (less
+        an estimate of the activations). kv_cache_gib: the cache size on a CPU.
     use_cuda_graphs: replay decode steps from CUDA graphs (CUDA only).
+    paged: a paged KV cache (stage 13) or one contiguous slot per sequence (stage 09); None:
+        paged when stage 13 is available. block_size: positions per block;
+        enable_prefix_caching: share the blocks of common prompt prefixes (paged only).
     """
     max_model_len: int | None = None
     max_num_seqs: int = 256
@@ -44,6 +54,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_gib: float = 1.0
     use_cuda_graphs: bool = True
+    paged: bool | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
 
     DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -54,6 +67,11 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be in 1..{model.max_positions} (the model's "
                              f"positions), got {self.max_model_len}")
         return self.max_model_len
+
+    def use_paging(self) -> bool:
+        if self.paged is None:
+            return manifest.find("13").ready
+        return self.paged
 
 
 def kv_cache_slots(model, config: EngineConfig, max_len: int) -> int:
@@ -77,22 +95,54 @@ def kv_cache_slots(model, config: EngineConfig, max_len: int) -> int:
 
 
 class ModelRunner:
+    """model: a stage-08 LlamaModel; config: the engine's sizes. After construction:
+    cache, allocator (the scheduler's), max_len, max_num_seqs (the largest batch the cache
+    can run), decoder (stage 10's DecodeGraphs)."""
+
     def __init__(self, model, config: EngineConfig):
         self.model, self.config = model, config
         self.max_len = config.model_len(model)
-        self.num_slots = kv_cache_slots(model, config, self.max_len)
-        self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
-        self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
-        model.attention = _kv.KVCacheAttention()
+        self.paged = config.use_paging()
         use_graphs = config.use_cuda_graphs and model.device.type == "cuda"
-        self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
-                                    use_graphs=use_graphs)
+        if self.paged:
+            paged = parts.load("13", "paged_cache")
+            if config.block_size < 1:
+                raise ValueError(f"block_size must be at least 1, got {config.block_size}")
+            self.block_size = config.block_size
+            self.max_blocks = -(-self.max_len // self.block_size)
+            model.attention = paged.PagedAttention()   # before the warm-up step that sizes the pool
+            self.num_blocks = paged.kv_cache_blocks(
+                model, self.block_size, self.max_len, config.max_num_seqs,
+                config.max_num_batched_tokens, config.gpu_memory_utilization,
+                config.kv_cache_gib)
+            self.cache = paged.PagedKVCache.for_model(model, self.num_blocks, self.block_size,
+                                                      self.max_len)
+            self.allocator = parts.load("13", "block_manager").BlockManager(
+                self.num_blocks, self.block_size, config.enable_prefix_caching)
+            # every running sequence holds at least one block (block 0 is the pad block)
+            self.max_num_seqs = min(config.max_num_seqs, self.num_blocks - 1)
+            self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
+                                        use_graphs=use_graphs, max_blocks=self.max_blocks)
+        else:
+            self.num_slots = kv_cache_slots(model, config, self.max_len)
+            self.max_num_seqs = self.num_slots
+            self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
+            self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
+            model.attention = _kv.KVCacheAttention()
+            self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
+                                        use_graphs=use_graphs)
 
     def describe(self) -> str:
-        per_token = _kv.KVCache.bytes_per_token(self.model.config, self.model.dtype)
-        size = per_token * self.max_len * (self.num_slots + 1)
         graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"
                   if self.decoder.use_graphs else "")
+        if self.paged:
+            caching = "prefix caching" if self.config.enable_prefix_caching else "no prefix caching"
+            return (f"KV cache: {self.num_blocks - 1} blocks x {self.block_size} positions "
+                    f"({(self.num_blocks - 1) * self.block_size} tokens, "
+                    f"{self.cache.nbytes / GiB:.2f} GiB), {caching}, up to "
+                    f"{self.max_num_seqs} sequences of {self.max_len} positions{graphs}")
+        per_token = _kv.KVCache.bytes_per_token(self.model.config, self.model.dtype)
+        size = per_token * self.max_len * (self.num_slots + 1)
         return (f"KV cache: {self.num_slots} sequences x {self.max_len} positions "
                 f"({size / GiB:.2f} GiB){graphs}")
 

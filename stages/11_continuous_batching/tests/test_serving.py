@@ -28,7 +28,8 @@ def new_model(tiny):
 def new_engine(tiny, eos=(), **config):
     from solutions.engine.llm_engine import LLMEngine
     from solutions.engine.model_runner import EngineConfig
-    return LLMEngine(new_model(tiny), None, eos, EngineConfig(**config))
+    # stage 11's cache: one slot per sequence (stage 13's paged cache is tested in stage 13)
+    return LLMEngine(new_model(tiny), None, eos, EngineConfig(paged=False, **config))
 
 
 def params(**kw):

@@ -1,0 +1,69 @@
+// torch.ops.tinyvllm.cache_write: checks (shapes, dtypes, strides, devices only), then
+// cache_write.cu. It reads no device memory on the host (the slot mapping stays where it
+// is), so a decode step that calls it can be captured in a CUDA graph.
+#include "binding.h"
+
+tvllm_status launch_cache_write(const void* k, const void* v, void* k_cache, void* v_cache,
+                                const int64_t* slot_mapping, int64_t tokens, int64_t k_stride,
+                                int64_t v_stride, int64_t row_elems, int64_t num_rows,
+                                cudaStream_t stream);
+
+namespace {
+
+// k and v may be views of a fused QKV tensor: heads contiguous inside a row, rows further apart.
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 3, name, " must be [tokens, n_kv_heads, head_dim], got shape ", t.sizes());
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
+              ": each token's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
+              t.strides());
+  TORCH_CHECK((t.size(0) <= 1 || t.stride(0) % 8 == 0) &&
+                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+              name, ": rows must be 16-byte aligned (row stride a multiple of 8, got ",
+              t.stride(0), ")");
+}
+
+// k, v: [T, n_kv, d] bf16; k_cache, v_cache: [num_blocks, block_size, n_kv, d] bf16;
+// slot_mapping: [T] int64 (flat cache rows; -1 = skip)
+void cache_write(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache,
+                 at::Tensor& v_cache, const at::Tensor& slot_mapping) {
+  check_rows(k, "k");
+  check_rows(v, "v");
+  tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
+  tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
+  tvllm::check_tensor(slot_mapping, "slot_mapping", at::kLong, 1);
+  for (const at::Tensor& t : {v, k_cache, v_cache, slot_mapping}) tvllm::check_same_device(k, t);
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have one shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "k is ", k.sizes(),
+              " so the caches must be [num_blocks, block_size, ", k.size(1), ", ", k.size(2),
+              "], got ", k_cache.sizes());
+  TORCH_CHECK(k.size(2) % 8 == 0 && k.size(2) > 0, "head_dim must be a multiple of 8, got ",
+              k.size(2));
+  TORCH_CHECK(slot_mapping.size(0) == k.size(0), "slot_mapping must be [", k.size(0),
+              "] (one slot per token of k), got ", slot_mapping.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
+              "k_cache and v_cache must be 16-byte aligned");
+  const int64_t row_elems = k.size(1) * k.size(2);
+  const int64_t k_stride = k.size(0) > 1 ? k.stride(0) : row_elems;
+  const int64_t v_stride = v.size(0) > 1 ? v.stride(0) : row_elems;
+
+  c10::cuda::CUDAGuard guard(k.device());
+  tvllm::check_launch(
+      launch_cache_write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                         slot_mapping.data_ptr<int64_t>(), k.size(0), k_stride, v_stride,
+                         row_elems, k_cache.size(0) * k_cache.size(1), tvllm::stream()),
+      "cache_write");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("cache_write(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor slot_mapping) -> ()",
+        &cache_write);
+}

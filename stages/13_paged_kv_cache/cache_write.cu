@@ -1,0 +1,52 @@
+// Stage 13 kernel: write the new tokens' K and V into the paged cache (vLLM's reshape_and_cache).
+//
+//     k_cache.view(num_blocks * block_size, n_kv, d)[slot_mapping[t]] = k[t]     (and v alike)
+//
+// Every step writes the K and V of its new tokens before attention reads the cache. Each
+// token's row goes to the flat cache row its sequence's block table gives it (built on the
+// host: slot = block_table[p / block_size] * block_size + p % block_size), and a slot of -1
+// means "write nowhere" (the padding rows of a CUDA-graph batch). A pure copy, memory-bound:
+// one block per token, every thread moving 16 bytes (8 bf16) of K and 16 bytes of V per
+// instruction, neighbouring threads on neighbouring addresses.
+//
+// k and v may be views of the fused qkv projection: inside a row the heads are contiguous
+// (n_kv * d elements), rows are k_stride / v_stride elements apart (a multiple of 8, so every
+// row starts 16-byte aligned). The kernel never reads a value back to the host (the slot
+// mapping stays on the device), so a decode step that calls it can be captured in a CUDA
+// graph. A slot at or past the end of the cache is skipped like -1 (a kernel cannot raise:
+// validate slots on the host, where the step is planned).
+// Reference: cache_write.py (cache_write_native). Run: nox -s grade -- 13
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdint>
+
+#include "tvllm.h"
+
+namespace {
+
+// Block t copies the packs of token t's K and V rows to cache row slot_mapping[t].
+// packs: 16-byte units per row (n_kv * d / 8); strides in 16-byte units too.
+__global__ void cache_write_kernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                                   uint4* __restrict__ k_cache, uint4* __restrict__ v_cache,
+                                   const int64_t* __restrict__ slot_mapping, int64_t k_stride,
+                                   int64_t v_stride, int64_t packs, int64_t num_rows) {
+  // TODO stage 13: read this token's slot; skip it when negative or >= num_rows; copy the row's packs of k and v with a block-stride loop (about 13 lines)
+}
+
+}  // namespace
+
+// k, v: [tokens, n_kv, head_dim] bf16, rows k_stride / v_stride elements apart (multiples of
+// 8), heads contiguous; k_cache, v_cache: [num_rows, n_kv, head_dim] bf16, contiguous
+// (num_rows = num_blocks * block_size); slot_mapping: [tokens] int64 on the device.
+tvllm_status launch_cache_write(const void* k, const void* v, void* k_cache, void* v_cache,
+                                const int64_t* slot_mapping, int64_t tokens, int64_t k_stride,
+                                int64_t v_stride, int64_t row_elems, int64_t num_rows,
+                                cudaStream_t stream) {
+  if (tokens == 0) return TVLLM_OK;
+  if (tokens > INT32_MAX) return "more than 2^31 - 1 tokens in one call";
+  if (row_elems % 8 || k_stride % 8 || v_stride % 8)
+    return "rows and row strides must be multiples of 8 elements (16 bytes)";
+  // TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 6 lines)
+  return "TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 6 lines)";
+}

@@ -1,0 +1,277 @@
+"""Stage 13: the block manager alone (block_manager.py). Pure Python, no model.
+
+The sequences are stage 11's; a "step" is what the engine does: run the uncached tokens
+(num_scheduled = num_uncached), keep the sampled token (complete_step), and before the next
+decode step ask for room for it (can_append / append).
+"""
+from __future__ import annotations
+
+import pytest
+
+from course import parts
+
+
+def bm_mod():
+    return parts.load("13", "block_manager")
+
+
+def manager(num_blocks=9, block_size=4, prefix_caching=True):
+    return bm_mod().BlockManager(num_blocks, block_size, prefix_caching)
+
+
+def new_seq(i: int, tokens):
+    return parts.load("11", "sequence").Sequence(i, list(tokens))
+
+
+def admit(bm, seq):
+    assert bm.can_allocate(seq), f"sequence {seq.seq_id} should fit ({bm.num_free_blocks} free)"
+    bm.allocate(seq)
+    return seq
+
+
+def prefill(bm, seq, token=100):
+    """Run everything uncached, keep the sampled token, make room for it (a decode step's
+    append: this registers the blocks the prompt filled)."""
+    seq.num_scheduled = seq.num_uncached
+    assert seq.complete_step(token)
+    assert bm.can_append(seq)
+    bm.append(seq)
+    return seq
+
+
+def decode(bm, seq, token=101):
+    seq.num_scheduled = 1
+    seq.complete_step(token)
+    assert bm.can_append(seq)
+    bm.append(seq)
+
+
+def check_pool(bm, seqs):
+    """Ref counts equal owners; free + used = total; the pad block is nobody's."""
+    owners: dict[int, int] = {}
+    for s in seqs:
+        assert len(set(s.block_table)) == len(s.block_table), (
+            f"sequence {s.seq_id} holds a block twice: {s.block_table}")
+        for b in s.block_table:
+            owners[b] = owners.get(b, 0) + 1
+    assert bm.pad_block not in owners, "the pad block (0) must never be handed out"
+    for block in bm.blocks:
+        assert block.ref_count == owners.get(block.block_id, 0), (
+            f"block {block.block_id}: ref_count {block.ref_count}, but "
+            f"{owners.get(block.block_id, 0)} sequences hold it")
+    assert set(bm.free_blocks) == {b.block_id for b in bm.blocks[1:] if b.ref_count == 0}, (
+        "the free list must hold exactly the blocks nobody holds (and never the pad block)")
+    assert bm.num_free_blocks + bm.num_used_blocks == bm.num_total_blocks == bm.num_blocks - 1
+
+
+def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
+    bm = manager(num_blocks=9, block_size=4)
+    assert bm.pad_block == 0 and bm.num_total_blocks == 8 and bm.num_free_blocks == 8
+    a = admit(bm, new_seq(0, range(1, 11)))            # 10 tokens: 3 blocks
+    assert len(a.block_table) == 3, f"10 tokens in blocks of 4 need 3 blocks, got {a.block_table}"
+    assert a.num_cached == 0, "nothing is cached in a fresh pool"
+    b = admit(bm, new_seq(1, range(50, 58)))           # 8 tokens: exactly 2 blocks
+    assert len(b.block_table) == 2, f"8 tokens need 2 blocks of 4, got {b.block_table}"
+    assert not set(a.block_table) & set(b.block_table)
+    assert bm.num_free_blocks == 3
+    check_pool(bm, [a, b])
+    c = new_seq(2, range(200, 216))                    # 16 tokens: 4 blocks > 3 free
+    assert not bm.can_allocate(c), "4 blocks are needed, 3 are free"
+    assert bm.num_free_blocks == 3 and not c.block_table, "can_allocate must change nothing"
+
+
+def test_free_gives_every_block_back():
+    bm = manager(num_blocks=9, block_size=4)
+    seqs = [admit(bm, new_seq(i, range(10 * i + 1, 10 * i + 6))) for i in range(4)]
+    check_pool(bm, seqs)
+    for s in seqs:
+        bm.free(s)
+        assert s.block_table == [], "free empties the sequence's block table"
+    check_pool(bm, [])
+    assert bm.num_free_blocks == 8, "after freeing everything, every block is free again"
+
+
+def test_append_takes_a_block_exactly_when_the_newest_token_starts_one():
+    bm = manager(num_blocks=5, block_size=4)
+    s = admit(bm, new_seq(0, [1, 2, 3, 4]))            # one full block
+    prefill(bm, s)                                      # token 5 (position 4) starts block 2
+    assert len(s.block_table) == 2, (
+        f"the 5th token (position 4) needs a second block of 4, got {s.block_table}")
+    for n in (6, 7, 8):
+        decode(bm, s)
+        assert len(s.block_table) == 2, f"{n} tokens fit 2 blocks of 4, got {s.block_table}"
+    decode(bm, s)                                       # 9 tokens: a third block
+    assert len(s.block_table) == 3, f"the 9th token starts block 3, got {s.block_table}"
+    check_pool(bm, [s])
+    other = admit(bm, new_seq(1, range(20, 24)))       # takes the last free block
+    assert bm.num_free_blocks == 0
+    for _ in range(3):                                  # tokens 10..12 fit the third block
+        s.num_scheduled = 1
+        s.complete_step(7)
+        assert bm.can_append(s), "no new block is needed: room must not depend on free blocks"
+        bm.append(s)
+    s.num_scheduled = 1
+    s.complete_step(7)                                  # 13 tokens: a fourth block, none free
+    assert not bm.can_append(s), "the 13th token needs a block and none is free"
+    bm.free(other)
+    assert bm.can_append(s)
+    bm.append(s)
+    assert len(s.block_table) == 4
+    check_pool(bm, [s])
+
+
+def test_a_shared_prefix_is_cached_once_and_reference_counted():
+    bm = manager(num_blocks=12, block_size=4)
+    system = list(range(1, 9))                         # 8 tokens: 2 full blocks
+    a = prefill(bm, admit(bm, new_seq(0, system + [20, 21])))
+    b = admit(bm, new_seq(1, system + [30, 31, 32]))
+    assert b.block_table[:2] == a.block_table[:2], (
+        f"b starts with a's 8 system tokens: it must reuse a's first 2 blocks "
+        f"{a.block_table[:2]}, got {b.block_table}")
+    assert b.block_table[2] not in a.block_table, "b's own tokens go to a fresh block"
+    assert b.num_cached == 8, f"b finds 8 tokens cached, got num_cached {b.num_cached}"
+    for blk in a.block_table[:2]:
+        assert bm.blocks[blk].ref_count == 2, f"block {blk} is held by a and b: ref_count 2"
+    check_pool(bm, [a, b])
+    bm.free(a)
+    check_pool(bm, [b])
+    assert all(blk not in bm.free_blocks for blk in b.block_table), (
+        "freeing a must not free the blocks b still holds")
+    stats = bm.stats
+    assert stats.hit_tokens == 8 and stats.queried_tokens == 10 + 11, (
+        f"stats: 8 hit tokens of {10 + 11} looked up, got {stats}")
+
+
+def test_blocks_are_named_by_a_chained_hash():
+    """hash of block i = chain_hash(hash of block i - 1, its tokens); the first starts at -1."""
+    mod = bm_mod()
+    bm = manager(num_blocks=12, block_size=4)
+    x, y = [1, 2, 3, 4], [5, 6, 7, 8]
+    a = prefill(bm, admit(bm, new_seq(0, x + y + [9])))
+    h0 = mod.chain_hash(-1, x)
+    h1 = mod.chain_hash(h0, y)
+    got = [bm.blocks[blk].hash for blk in a.block_table]
+    assert got[:2] == [h0, h1] and got[2] is None, (
+        f"after the prefill a's 2 full blocks are registered with chained hashes {[h0, h1]} "
+        f"and its partly filled last block is not: got {got}")
+    assert bm.hash_to_block == {h0: a.block_table[0], h1: a.block_table[1]}
+    # the same second block after another first block is another prefix: no hit at all
+    b = admit(bm, new_seq(1, [9, 9, 9, 9] + y + [9]))
+    assert b.num_cached == 0 and not set(b.block_table) & set(a.block_table), (
+        "b's tokens 4-7 equal a's, but after other tokens: its K/V differ, nothing is shared")
+    c = admit(bm, new_seq(2, x + [7, 7, 7, 7, 7]))
+    assert c.block_table[0] == a.block_table[0] and c.num_cached == 4, (
+        "c shares a's first block only")
+
+
+def test_a_hit_is_checked_against_tokens_and_parent(monkeypatch):
+    """With a hash that collides for every block, nothing may be shared wrongly: a hit must
+    hold the same tokens after the same (already matched) block."""
+    mod = bm_mod()
+    monkeypatch.setattr(mod, "chain_hash", lambda prefix, tokens: 7)
+    bm = manager(num_blocks=16, block_size=4)
+    x, y = [1, 2, 3, 4], [5, 6, 7, 8]
+    a = prefill(bm, admit(bm, new_seq(0, x + y + [9])))
+    b = admit(bm, new_seq(1, [11, 12, 13, 14] + y + [9]))
+    assert b.num_cached == 0 and not set(b.block_table) & set(a.block_table), (
+        "every block hashes alike here: b's first block holds other tokens, so it is no hit "
+        "(compare the block's token_ids), and the lookup stops at the first miss")
+    c = admit(bm, new_seq(2, y + [1, 1, 1, 1, 1]))
+    assert c.num_cached == 0 and not set(c.block_table) & set(a.block_table), (
+        "c's first block has the tokens of a's SECOND block: same tokens, other prefix (a's "
+        "block was registered after another block, its parent): no hit")
+    d = admit(bm, new_seq(3, x + y + [9]))
+    shared = set(d.block_table) & set(a.block_table)
+    assert shared <= {a.block_table[0]} and d.num_cached == 4 * len(shared), (
+        "d is a's prompt: when every hash collides the one table entry may miss it, but "
+        f"only a's first block may be shared with it; got {d.block_table}, a has {a.block_table}")
+    check_pool(bm, [a, b, c, d])
+
+
+def test_a_fully_cached_prompt_still_runs_its_last_token():
+    bm = manager(num_blocks=12, block_size=4)
+    prompt = list(range(1, 9))                         # exactly 2 blocks
+    a = prefill(bm, admit(bm, new_seq(0, prompt)))
+    b = admit(bm, new_seq(1, prompt))
+    assert b.num_cached < b.num_tokens, (
+        f"b's whole prompt is cached, but the step needs its last token's logits: num_cached "
+        f"must stay below {b.num_tokens}, got {b.num_cached}")
+    assert b.num_cached == 4 and b.block_table[0] == a.block_table[0], (
+        "only the blocks before the last token are hits (a cached block is never rewritten): "
+        f"4 tokens cached, got {b.num_cached}")
+    assert b.block_table[1] != a.block_table[1]
+    c = admit(bm, new_seq(2, prompt + [100]))          # a's prompt and its first output
+    assert c.num_cached == 8 and c.block_table[:2] == a.block_table[:2], (
+        f"c's first 8 tokens are cached in a's 2 blocks: num_cached 8, got {c.num_cached}")
+    check_pool(bm, [a, b, c])
+
+
+def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
+    bm = manager(num_blocks=7, block_size=4)           # 6 blocks, free in order 1..6
+    prompt = list(range(1, 10))                        # 9 tokens: blocks 1, 2, 3
+    a = prefill(bm, admit(bm, new_seq(0, prompt)))
+    assert a.block_table == [1, 2, 3], f"fresh blocks in free-list order, got {a.block_table}"
+    bm.free(a)
+    assert list(bm.free_blocks) == [4, 5, 6, 3, 2, 1], (
+        f"a frees its blocks last one first, at the end of the free list: "
+        f"[4, 5, 6, 3, 2, 1], got {list(bm.free_blocks)}")
+    assert bm.blocks[1].hash is not None and bm.blocks[2].hash is not None, (
+        "a freed block keeps its hash: a later request may still hit it")
+    again = admit(bm, new_seq(1, prompt))
+    assert again.block_table[:2] == [1, 2] and again.num_cached == 8, (
+        f"the same prompt finds its 2 full blocks in the free pool, got {again.block_table}")
+    bm.free(again)
+    assert bm.stats.evictions == 0
+    assert list(bm.free_blocks) == [5, 6, 3, 4, 2, 1], (
+        "the second run took 1, 2 (hits) and 4 (fresh), and gave them back 4, 2, 1: "
+        f"free list [5, 6, 3, 4, 2, 1], got {list(bm.free_blocks)}")
+    c = admit(bm, new_seq(2, range(50, 62)))           # 3 blocks: the least recently used
+    assert c.block_table == [5, 6, 3], f"LRU: blocks 5, 6, 3 first, got {c.block_table}"
+    d = admit(bm, new_seq(3, range(70, 78)))           # 2 more: 4 (no hash), then 2 (evicted)
+    assert d.block_table == [4, 2], f"then 4 and 2, got {d.block_table}"
+    assert bm.stats.evictions == 1, f"block 2 lost its cached contents: 1 eviction, got {bm.stats}"
+    assert bm.blocks[2].hash is None and len(bm.hash_to_block) == 1
+    bm.free(c)                                          # free list: 1, 3, 6, 5
+    e = admit(bm, new_seq(4, prompt))
+    assert e.block_table == [1, 3, 6] and e.num_cached == 4, (
+        "block 1 is still cached (a's first block), block 2 was evicted: 4 tokens cached, "
+        f"then 2 fresh blocks from the front of the free list; got {e.block_table}")
+    check_pool(bm, [d, e])
+
+
+def test_without_prefix_caching_nothing_is_shared():
+    bm = manager(num_blocks=12, block_size=4, prefix_caching=False)
+    a = prefill(bm, admit(bm, new_seq(0, range(1, 10))))
+    b = admit(bm, new_seq(1, range(1, 10)))
+    assert b.num_cached == 0 and not set(a.block_table) & set(b.block_table)
+    assert not bm.hash_to_block
+    check_pool(bm, [a, b])
+
+
+def test_scheduler_preempts_when_blocks_run_out_and_nothing_leaks():
+    """Stage 11's scheduler on this block manager: decode steps outgrow the pool, the newest
+    sequence is preempted, freed and recomputed later; at the end every block is free."""
+    S = parts.load("11", "scheduler")
+    bm = manager(num_blocks=9, block_size=4)           # 8 blocks = 32 positions
+    sched = S.Scheduler(S.SchedulerConfig(max_model_len=24, max_num_seqs=4,
+                                          max_num_batched_tokens=64), bm)
+    seqs = [new_seq(i, range(10 * i + 1, 10 * i + 7)) for i in range(4)]   # 6 tokens each
+    for s in seqs:
+        sched.add(s)
+    for _ in range(400):
+        if not sched.has_unfinished():
+            break
+        batch = sched.schedule()
+        for s in batch:
+            s.complete_step(5)
+        for s in list(sched.running):
+            if s.num_tokens >= 20:
+                sched.finish(s, "max_tokens")
+        check_pool(bm, sched.running)
+        for s in sched.waiting:
+            assert not s.block_table, f"waiting sequence {s.seq_id} still holds blocks"
+    assert not sched.has_unfinished(), "the requests never finished"
+    assert sched.num_preemptions > 0, "4 sequences of 20 tokens do not fit 32 positions"
+    assert all(s.token_ids[6:] == [5] * (s.num_tokens - 6) for s in seqs)
+    check_pool(bm, [])
+    assert bm.num_free_blocks == 8

@@ -1,0 +1,181 @@
+"""Stage 13: the engine on the paged cache with your block manager (solutions/engine/, on
+the CPU in float32 with the native twins).
+
+The oracle, as in stage 11: each request run alone (stage 09's generate_greedy) gives the same
+tokens. Paging, prefix sharing and preemption must all be invisible in the output. After
+every step the pool is audited: every block is either free or held, a block held by several
+sequences is a shared, registered prefix block at the same place in each of their tables with
+the same tokens, and its reference count is the number of its holders.
+"""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course import parts
+from grader import fixtures
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gqa_tied")
+    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
+    config = parts.load("01", "config").load_config(directory)
+    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    return SimpleNamespace(config=config, weights=weights)
+
+
+def new_model(tiny):
+    return parts.load("08", "model").LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+
+
+def new_engine(tiny, num_blocks: int, eos=(), **config):
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    per_block = BLOCK * parts.load("09", "kv_cache").KVCache.bytes_per_token(tiny.config,
+                                                                            torch.float32)
+    engine = LLMEngine(new_model(tiny), None, eos, EngineConfig(
+        paged=True, block_size=BLOCK, kv_cache_gib=(num_blocks + 0.5) * per_block / 2**30,
+        **config))
+    assert engine.runner.num_blocks == num_blocks
+    return engine
+
+
+def params(**kw):
+    return parts.load("11", "sampling_params").SamplingParams(**kw)
+
+
+class Solo:
+    """Each prompt's greedy tokens run alone, computed once for MAX_NEW tokens."""
+    MAX_NEW = 16
+
+    def __init__(self, tiny):
+        self.model, self.done = new_model(tiny), {}
+
+    def __call__(self, prompt, max_tokens, eos=()):
+        key = tuple(prompt)
+        if key not in self.done:
+            gen = parts.load("09", "kv_cache").generate_greedy
+            self.done[key] = gen(self.model, list(prompt), self.MAX_NEW)
+        out = self.done[key][:max_tokens]
+        stop = next((i for i, t in enumerate(out) if t in eos), None)
+        return out if stop is None else out[: stop + 1]
+
+
+def audit(engine, where: str) -> None:
+    """The pool between two steps (see the top)."""
+    bm, s = engine.scheduler.allocator, engine.scheduler
+    holders: dict[int, list] = {}
+    for q in s.running:
+        assert len(set(q.block_table)) == len(q.block_table), (
+            f"{where}: sequence {q.seq_id} holds a block twice: {q.block_table}")
+        assert len(q.block_table) * BLOCK >= q.num_tokens - 1 and \
+            len(q.block_table) <= -(-engine.max_model_len // BLOCK), (
+            f"{where}: sequence {q.seq_id} ({q.num_tokens} tokens) has blocks {q.block_table}")
+        for i, b in enumerate(q.block_table):
+            holders.setdefault(b, []).append((q, i))
+    for q in s.waiting:
+        assert not q.block_table, f"{where}: waiting sequence {q.seq_id} holds blocks"
+    assert bm.pad_block not in holders, f"{where}: the pad block was handed out"
+    for block in bm.blocks:
+        owners = holders.get(block.block_id, [])
+        assert block.ref_count == len(owners), (
+            f"{where}: block {block.block_id} has ref_count {block.ref_count} but "
+            f"{len(owners)} holders")
+        if len(owners) > 1:
+            (first, i), rest = owners[0], owners[1:]
+            tokens = first.token_ids[i * BLOCK: (i + 1) * BLOCK]
+            assert block.hash is not None and len(tokens) == BLOCK, (
+                f"{where}: block {block.block_id} is held by {len(owners)} sequences but is "
+                "not a full, registered prefix block")
+            for q, j in rest:
+                assert j == i and q.token_ids[: (i + 1) * BLOCK] == \
+                    first.token_ids[: (i + 1) * BLOCK], (
+                    f"{where}: block {block.block_id} is shared by sequences {first.seq_id} "
+                    f"and {q.seq_id} whose prefixes differ")
+    free = set(bm.free_blocks)
+    assert free == {b for b in range(1, bm.num_blocks) if b not in holders}, (
+        f"{where}: the free list is not exactly the blocks nobody holds")
+    assert bm.num_free_blocks + len(holders) == bm.num_blocks - 1, (
+        f"{where}: free + used != total: a block leaked or was freed twice")
+
+
+def drive(engine, arrivals):
+    got, ids, step = {}, {}, 0
+    while engine.has_unfinished() or any(k >= step for k in arrivals):
+        for prompt, sp in arrivals.get(step, []):
+            rid = engine.add_request(prompt, sp)
+            ids[rid], got[rid] = (prompt, sp), []
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                ids[out.request_id] += (out.finish_reason,)
+        audit(engine, f"after step {step}")
+        step += 1
+        assert step < 20_000, "the engine does not finish: a request is never scheduled?"
+    return got, ids
+
+
+@pytest.mark.points(6)
+def test_soak_shared_prefixes_through_a_small_pool(tiny):
+    """200 requests: one of 3 system prompts (9, 14, 21 tokens) + a short question from a
+    pool, arriving at random steps, greedy, through 40 blocks of 4 positions while up to 6
+    sequences of up to 48 tokens run: prefixes are shared, blocks run out, sequences are
+    preempted and recomputed. Every output equals the request run alone; nothing leaks."""
+    rng = random.Random(1313)
+    vocab = tiny.config.vocab_size
+    systems = [[rng.randrange(4, vocab) for _ in range(n)] for n in (9, 14, 21)]
+    prompts = [sp + [rng.randrange(4, vocab) for _ in range(rng.randint(1, 7))]
+               for sp in systems for _ in range(8)]
+    eos = (3,)
+    engine = new_engine(tiny, num_blocks=41, eos=eos, max_model_len=48, max_num_seqs=6,
+                        max_num_batched_tokens=32)
+    arrivals: dict[int, list] = {}
+    for _ in range(200):
+        sp = params(max_tokens=rng.randint(1, Solo.MAX_NEW), ignore_eos=rng.random() < 0.3)
+        arrivals.setdefault(rng.randrange(0, 300), []).append((rng.choice(prompts), sp))
+    got, ids = drive(engine, arrivals)
+    solo = Solo(tiny)
+    for rid, (prompt, sp, reason) in ids.items():
+        expected = solo(prompt, sp.max_tokens, () if sp.ignore_eos else eos)
+        assert got[rid] == expected, (
+            f"request {rid} (prompt of {len(prompt)}, max_tokens {sp.max_tokens}) gave "
+            f"{got[rid]}, alone {expected}: shared blocks must hold exactly its prefix, and a "
+            "block must not be written while another sequence reads it")
+    bm, s = engine.scheduler.allocator, engine.scheduler
+    assert not s.running and not s.waiting
+    assert bm.num_free_blocks == 40 and all(b.ref_count == 0 for b in bm.blocks), (
+        "at the end every block is free again")
+    assert s.num_preemptions > 0, "the pool is small enough that sequences must be preempted"
+    assert bm.stats.hit_tokens > 0, "requests with a common system prompt must share blocks"
+
+
+def test_a_shared_system_prompt_is_computed_once(tiny):
+    """Two requests with a 13-token system prompt, one after the other: the second finds 12
+    tokens (3 full blocks) cached and runs only the rest, with the same output as alone."""
+    rng = random.Random(7)
+    vocab = tiny.config.vocab_size
+    system = [rng.randrange(4, vocab) for _ in range(13)]
+    a, b = system + [5, 6], system + [7, 8, 9]
+    engine = new_engine(tiny, num_blocks=30, max_model_len=48)
+    steps = []
+    run = engine.runner.run
+
+    def recording_run(seqs):
+        steps.append([(q.seq_id, q.num_cached, q.num_scheduled) for q in seqs])
+        return run(seqs)
+    engine.runner.run = recording_run
+    got, _ = drive(engine, {0: [(a, params(max_tokens=4))]})
+    steps.clear()
+    more, _ = drive(engine, {0: [(b, params(max_tokens=4))]})
+    assert steps[0] == [(1, 12, len(b) - 12)], (
+        f"b's first 12 tokens are a's 3 full blocks: cached, so its first step runs the "
+        f"{len(b) - 12} others (seq_id, num_cached, num_scheduled) = (1, 12, {len(b) - 12}); "
+        f"got {steps[0]}")
+    solo = Solo(tiny)
+    assert got[0] == solo(a, 4) and more[1] == solo(b, 4)

@@ -1,0 +1,119 @@
+"""The given (not graded) code of stage 13: the paged cache and its attention backend, the
+cache-write twin, the pool size, and the engine's choice between paged and contiguous."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from course import parts
+from grader import checks, fixtures
+
+
+def paged():
+    return parts.reference("13", "paged_cache")
+
+
+def kv():
+    return parts.reference("09", "kv_cache")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gqa_tied")
+    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
+    config = parts.load("01", "config").load_config(directory)
+    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    return SimpleNamespace(config=config, weights=weights)
+
+
+def new_model(tiny):
+    return parts.load("08", "model").LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+
+
+def test_cache_write_native_skips_minus_one_and_takes_views(seed):
+    cw = parts.reference("13", "cache_write")
+    g = checks.generator("cpu", seed)
+    qkv = torch.randn(5, 6 * 8, generator=g)
+    k, v = qkv[:, 16:32].view(5, 2, 8), qkv[:, 32:].view(5, 2, 8)
+    kc, vc = torch.randn(3, 4, 2, 8, generator=g), torch.randn(3, 4, 2, 8, generator=g)
+    want_k, want_v = kc.clone(), vc.clone()
+    slots = torch.tensor([-1, 5, -1, 0, 11])
+    for t, row in ((1, 5), (3, 0), (4, 11)):
+        want_k.view(-1, 2, 8)[row] = k[t]
+        want_v.view(-1, 2, 8)[row] = v[t]
+    cw.cache_write_native(k, v, kc, vc, slots)
+    checks.assert_equal(kc, want_k, what="k_cache")
+    checks.assert_equal(vc, want_v, what="v_cache")
+    cw.cache_write_native(k, v, kc, vc, torch.full((5,), -1))
+    checks.assert_equal(kc, want_k, what="k_cache after -1 slots only")
+    with pytest.raises(ValueError, match="slot_mapping"):
+        cw.cache_write_native(k, v, kc, vc, torch.tensor([0, 1]))
+
+
+def test_paged_attention_equals_contiguous_attention(tiny):
+    """The same steps (a chunked prompt, a second sequence, decode steps) through stage 09's
+    contiguous cache and through the paged cache with scattered blocks: same logits."""
+    model = new_model(tiny)
+    vocab = tiny.config.vocab_size
+    prompts = [[(7 * i + 3) % vocab for i in range(11)], [(5 * i + 1) % vocab for i in range(6)]]
+    contiguous = kv().KVCache.for_model(model, num_slots=2, max_len=32)
+    pcache = paged().PagedKVCache.for_model(model, num_blocks=20, block_size=4, max_len=32)
+    tables = [[9, 2, 14, 5, 7, 11, 3, 8], [1, 17, 6, 12, 4, 19, 10, 13]]
+    results = []
+    for cache, backend, blocks in ((contiguous, kv().KVCacheAttention(), [[0], [1]]),
+                                   (pcache, paged().PagedAttention(), tables)):
+        model.attention = backend
+        out = []
+        cached = [0, 0]
+        ids = [list(p) for p in prompts]
+        schedule = [[(0, 7), (1, 6)], [(0, 4)], [(0, 1), (1, 1)], [(0, 1), (1, 1)]]
+        for step in schedule:
+            steps = [kv().SeqStep(blocks[s], cached[s], n) for s, n in step]
+            plan = kv().StepPlan.build(steps, cache)
+            positions, meta = plan.metadata(cache, "cpu")
+            tokens = [t for s, n in step for t in ids[s][cached[s]: cached[s] + n]]
+            logits = model.compute_logits(
+                model.forward(torch.tensor(tokens), positions, meta), meta.last_rows)
+            out.append(logits)
+            for (s, n), row in zip(step, logits):
+                cached[s] += n
+                if cached[s] == len(ids[s]):
+                    ids[s].append(int(row.argmax()))
+        results.append(out)
+    for step, (a, b) in enumerate(zip(*results)):
+        checks.assert_close(b, a, what=f"logits of step {step}", dtype=torch.float32,
+                            atol=1e-5, rtol=1e-5)
+
+
+def test_the_pool_size_on_a_cpu(tiny):
+    model = new_model(tiny)
+    per_block = paged().PagedKVCache.block_bytes(tiny.config, torch.float32, 16)
+    gib = 50.5 * per_block / 2**30
+    assert paged().kv_cache_blocks(model, 16, 64, 256, 512, cpu_gib=gib) == 50
+    assert paged().kv_cache_blocks(model, 16, 64, 3, 512, cpu_gib=gib) == 3 * 4 + 1, (
+        "never more blocks than max_num_seqs full block tables and the pad block")
+    with pytest.raises(ValueError, match="does not hold one sequence"):
+        paged().kv_cache_blocks(model, 16, 64 * 16, 4, 512, cpu_gib=gib)
+    assert paged().warmup_lengths(10, 4, 2) == [4, 3, 3]
+    assert paged().warmup_lengths(8192, 4096, 256) == [32] * 256
+
+
+def test_the_engine_pages_its_cache_when_stage_13_is_ready(tiny):
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    engine = LLMEngine(new_model(tiny), None, (), EngineConfig(max_model_len=64))
+    runner = engine.runner
+    assert runner.paged == paged().paging_ready()
+    if runner.paged:
+        assert runner.cache.pad_slot == 0 == runner.allocator.pad_block
+        assert runner.decoder.tables.shape[1] == 4, "max_blocks = ceil(64 / 16)"
+        assert "blocks x 16 positions" in runner.describe()
+    contiguous = LLMEngine(new_model(tiny), None, (), EngineConfig(max_model_len=64, paged=False))
+    assert not contiguous.runner.paged and "sequences x 64 positions" in contiguous.runner.describe()
+    for e in (engine, contiguous):
+        rid = e.add_request([5, 6, 7], parts.load("11", "sampling_params").SamplingParams(
+            max_tokens=5))
+        got = [t for _ in range(10) for out in e.step() for t in out.new_token_ids]
+        assert got == kv().generate_greedy(new_model(tiny), [5, 6, 7], 5), rid
