@@ -308,35 +308,45 @@ def _sdpa_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
     return o.transpose(1, 2).reshape(T, N_HEADS, HEAD_DIM)
 
 
+def _prefill_case(kernel: str, n_seq: int, S: int, fn: Callable | None, why: str | None,
+                  via: str, torch_fn: Callable[..., torch.Tensor],
+                  max_seqlen: bool = False) -> Case:
+    """Causal prefill attention of n_seq sequences of S tokens (Llama-3.2-1B heads), ours
+    (fn, a prefill_attention) beside torch_fn(q, k, v, n_seq, scale); the float32 SDPA oracle.
+    max_seqlen: pass max_seqlen_q as the engine does (no host reads of the offsets)."""
+    scale = HEAD_DIM ** -0.5
+    T = n_seq * S
+
+    def make_set(g):
+        return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
+                "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
+                "v": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)}
+    cu = torch.arange(0, T + 1, S, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(T, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    ours = None
+    with_out = fn is not None and _accepts(fn, "out")
+    if fn is not None:
+        kw = {"max_seqlen_q": S} if max_seqlen else {}
+        if with_out:
+            ours = (lambda s: fn(s["q"], s["k"], s["v"], cu, scale, out=out, **kw))
+        else:
+            ours = (lambda s: fn(s["q"], s["k"], s["v"], cu, scale, **kw))
+    # causal: query i of a sequence meets i + 1 keys; QK^T and PV are 2 * d flops each
+    flops = n_seq * 4 * HEAD_DIM * N_HEADS * S * (S + 1) // 2
+    nbytes = (T * N_HEADS * HEAD_DIM * 2) * 2 + (T * N_KV_HEADS * HEAD_DIM * 2) * 2
+    return Case(kernel, f"{n_seq}x{S}" if n_seq > 1 else str(S), nbytes, make_set,
+                torch_fn=lambda s: torch_fn(s["q"], s["k"], s["v"], n_seq, scale),
+                reference=lambda s: _sdpa_packed(s["q"], s["k"], s["v"], n_seq, scale,
+                                                 upcast=True),
+                ours_fn=ours, flops=flops, outs=[out] if with_out else [], via=via,
+                skip=None if ours else why)
+
+
 def attention_cases(ops: Ops) -> Iterator[Case]:
     fn, why = ops.get("prefill_attention")
-    scale = HEAD_DIM ** -0.5
+    via = ops.via("prefill_attention")
     for n_seq, S in ATTENTION_SHAPES:
-        T = n_seq * S
-
-        def make_set(g, T=T):
-            return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
-                    "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
-                    "v": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)}
-        cu = torch.arange(0, T + 1, S, dtype=torch.int32, device=DEVICE)
-        out = torch.empty(T, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
-        ours = None
-        if fn is not None:
-            if _accepts(fn, "out"):
-                ours = (lambda s, cu=cu, out=out: fn(s["q"], s["k"], s["v"], cu, scale, out=out))
-            else:
-                ours = (lambda s, cu=cu: fn(s["q"], s["k"], s["v"], cu, scale))
-        # causal: query i of a sequence meets i + 1 keys; QK^T and PV are 2 * d flops each
-        flops = n_seq * 4 * HEAD_DIM * N_HEADS * S * (S + 1) // 2
-        nbytes = (T * N_HEADS * HEAD_DIM * 2) * 2 + (T * N_KV_HEADS * HEAD_DIM * 2) * 2
-        yield Case("prefill_attention", f"{n_seq}x{S}" if n_seq > 1 else str(S), nbytes,
-                   make_set,
-                   torch_fn=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale),
-                   reference=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale,
-                                                             upcast=True),
-                   ours_fn=ours, flops=flops,
-                   outs=[out] if ours and _accepts(fn, "out") else [],
-                   via=ops.via("prefill_attention"), skip=None if ours else why)
+        yield _prefill_case("prefill_attention", n_seq, S, fn, why, via, _sdpa_packed)
 
 
 def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
@@ -367,32 +377,12 @@ def flash_attention_cases(ops: Ops) -> Iterator[Case]:
     in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the issue's target:
     stage 12 at 50% or more of it, and 10x stage 07 or more).
     """
-    scale = HEAD_DIM ** -0.5
     for stage, module in (("12", "flash_attention"), ("07", "attention")):
         fn, why = _stage_op(ops, stage, module, "prefill_attention")
+        via = f"{stage}/{module}.py prefill_attention; torch: SDPA flash backend"
         for n_seq, S in ATTENTION_SHAPES:
-            T = n_seq * S
-
-            def make_set(g, T=T):
-                return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
-                        "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
-                        "v": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)}
-            cu = torch.arange(0, T + 1, S, dtype=torch.int32, device=DEVICE)
-            out = torch.empty(T, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
-            ours = None
-            if fn is not None:  # max_seqlen_q given, as the engine gives it: no host reads
-                ours = (lambda s, cu=cu, out=out, S=S, fn=fn:
-                        fn(s["q"], s["k"], s["v"], cu, scale, out=out, max_seqlen_q=S))
-            flops = n_seq * 4 * HEAD_DIM * N_HEADS * S * (S + 1) // 2
-            nbytes = (T * N_HEADS * HEAD_DIM * 2) * 2 + (T * N_KV_HEADS * HEAD_DIM * 2) * 2
-            yield Case(f"prefill_attention ({stage})", f"{n_seq}x{S}" if n_seq > 1 else str(S),
-                       nbytes, make_set,
-                       torch_fn=lambda s, n=n_seq: _sdpa_flash(s["q"], s["k"], s["v"], n, scale),
-                       reference=lambda s, n=n_seq: _sdpa_packed(s["q"], s["k"], s["v"], n, scale,
-                                                                 upcast=True),
-                       ours_fn=ours, flops=flops, outs=[out] if ours else [],
-                       via=f"{stage}/{module}.py prefill_attention; torch: SDPA flash backend",
-                       skip=None if ours else why)
+            yield _prefill_case(f"prefill_attention ({stage})", n_seq, S, fn, why, via,
+                                _sdpa_flash, max_seqlen=True)
 
 
 def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,

@@ -65,36 +65,44 @@ def flash_attention_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     bq, bk = check_inputs(q, k, v, cu_seqlens, cu_k)
-    group = q.shape[1] // k.shape[1]
+    # Query head h reads KV head h // (n_heads // n_kv_heads) (grouped-query attention).
+    kv_of_head = torch.arange(q.shape[1], device=q.device) // (q.shape[1] // k.shape[1])
     result = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    for b in range(len(bq) - 1):
-        n_q, n_k = bq[b + 1] - bq[b], bk[b + 1] - bk[b]
-        if n_q == 0:
-            continue
-        qs = q[bq[b]:bq[b + 1]].float().transpose(0, 1) * scale         # [H, Lq, d]
-        # KV head g serves query heads g*group .. g*group + group - 1.
-        ks = k[bk[b]:bk[b + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)
-        vs = v[bk[b]:bk[b + 1]].float().repeat_interleave(group, dim=1).transpose(0, 1)
-        # Query i sits at key position i + (n_k - n_q) and sees the keys up to it.
-        qpos = torch.arange(n_q, device=q.device) + (n_k - n_q)
-        m = torch.full((qs.shape[0], n_q, 1), float("-inf"), device=q.device)
-        l = torch.zeros((qs.shape[0], n_q, 1), device=q.device)
-        o = torch.zeros(qs.shape, device=q.device)
-        for k0 in range(0, n_k, block):
-            s = qs @ ks[:, k0:k0 + block].transpose(1, 2)                  # [H, Lq, tile]
-            kpos = torch.arange(k0, min(k0 + block, n_k), device=q.device)
-            s = s.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-            # A row that has seen no key yet keeps m = -inf; -inf - -inf is NaN, so use 0.
-            base = m_new.masked_fill(m_new == float("-inf"), 0.0)
-            alpha = torch.exp(m - base)                                     # m = -inf: 0
-            p = torch.exp(s - base)
-            l = alpha * l + p.sum(dim=-1, keepdim=True)
-            o = alpha * o + p @ vs[:, k0:k0 + block]
-            m = m_new
-        o = torch.where(l > 0, o / l, 0.0)                   # a row that saw no key: 0
-        result[bq[b]:bq[b + 1]] = o.transpose(0, 1).to(q.dtype)
+    for q_start, q_end, k_start, k_end in zip(bq, bq[1:], bk, bk[1:]):
+        if q_end > q_start:
+            qs = q[q_start:q_end].float().transpose(0, 1) * scale          # [H, Lq, d]
+            ks = k[k_start:k_end].float()[:, kv_of_head].transpose(0, 1)  # [H, Lk, d]
+            vs = v[k_start:k_end].float()[:, kv_of_head].transpose(0, 1)
+            o = online_softmax_attention(qs, ks, vs, block)
+            result[q_start:q_end] = o.transpose(0, 1).to(q.dtype)
     return result
+
+
+def online_softmax_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor,
+                             block: int) -> torch.Tensor:
+    """One sequence: qs [H, Lq, d] (already scaled), ks, vs [H, Lk, d], float32 -> [H, Lq, d].
+
+    Causal, aligned to the end of the keys: query i sits at key position i + (Lk - Lq) and
+    sees the keys up to it. Keys are visited in tiles of `block`, as the kernel does.
+    """
+    n_heads, n_q, n_k = qs.shape[0], qs.shape[1], ks.shape[1]
+    qpos = torch.arange(n_q, device=qs.device) + (n_k - n_q)
+    m = torch.full((n_heads, n_q, 1), float("-inf"), device=qs.device)
+    l = torch.zeros((n_heads, n_q, 1), device=qs.device)
+    o = torch.zeros(qs.shape, device=qs.device)
+    for k0 in range(0, n_k, block):
+        s = qs @ ks[:, k0:k0 + block].transpose(1, 2)                       # [H, Lq, tile]
+        kpos = torch.arange(k0, min(k0 + block, n_k), device=qs.device)
+        s = s.masked_fill(kpos[None, :] > qpos[:, None], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        # A row that has seen no key yet keeps m = -inf; -inf - -inf is NaN, so use 0.
+        base = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        alpha = torch.exp(m - base)                                         # m = -inf: 0
+        p = torch.exp(s - base)
+        l = alpha * l + p.sum(dim=-1, keepdim=True)
+        o = alpha * o + p @ vs[:, k0:k0 + block]
+        m = m_new
+    return torch.where(l > 0, o / l, 0.0)                       # a row that saw no key: 0
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
