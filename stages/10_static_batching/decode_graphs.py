@@ -68,7 +68,7 @@ class DecodeGraphs:
         self.host_tables = self.host[ROWS * max_batch:].view(max_batch, max_blocks).numpy()
         # What each row of host_tables holds: the table list written there, and its length.
         self._written: list[list[int] | None] = [[]] * max_batch
-        self._written_len = [-1] * max_batch
+        self._written_len: list[tuple[int, int] | None] = [None] * max_batch
         self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -108,16 +108,19 @@ class DecodeGraphs:
         """Block tables into the host buffer, rows past len(block_tables) up to `size` made
         padding. A row is rewritten only when its table changed since the last step (a new
         block every block_size tokens, or another sequence in that row): at 256 sequences
-        rewriting every table every step costs more host time than the whole graph replay."""
+        rewriting every table every step costs more host time than the whole graph replay.
+        "Changed" means another list, or another length or last block: an allocator changes a
+        table by appending to it or by replacing it, never by editing blocks in place."""
         pad = self.cache.pad_slot
         for i, table in enumerate(block_tables):
-            if self._written[i] is not table or self._written_len[i] != len(table):
+            seen = (len(table), table[-1])
+            if self._written[i] is not table or self._written_len[i] != seen:
                 self.host_tables[i, : len(table)] = table
-                self._written[i], self._written_len[i] = table, len(table)
+                self._written[i], self._written_len[i] = table, seen
         for i in range(len(block_tables), size):
             if self._written[i] is not None:
                 self.host_tables[i, 0] = pad
-                self._written[i], self._written_len[i] = None, 1
+                self._written[i], self._written_len[i] = None, None
 
     def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
               context_lens: list[int], block_tables: list[list[int]], size: int) -> None:
