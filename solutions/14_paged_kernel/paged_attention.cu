@@ -76,6 +76,14 @@ struct Params {
 __host__ __device__ constexpr int unroll(int kG) { return kG > 4 ? 2 : 4; }
 __host__ __device__ constexpr int min_blocks(int kG) { return kG > 4 ? 2 : 4; }
 
+// Lanes that share a key: its 16-byte pieces rounded up to a power of two (lanes past the
+// head's end copy nothing).
+__device__ __forceinline__ int lanes_per_key(int pieces) {
+  int n = 1;
+  while (n < pieces) n *= 2;
+  return n;
+}
+
 // Query heads a block computes: the group for 1..4, 8 (padded) for 5..8, chunks of 8 above.
 inline int heads_per_block(int group) { return group <= 4 ? group : 8; }
 
@@ -170,9 +178,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kern
   constexpr int kWarps = kThreads / 32;
   const int d = kD ? kD : p.head_dim;
   const int chunks = d / 8;  // 16-byte pieces of one head's row
-  int lanes = kD ? kD / 8 : 1;  // lanes per key: chunks rounded up to a power of two
-  if (!kD)
-    while (lanes < chunks) lanes *= 2;
+  const int lanes = kD ? kD / 8 : lanes_per_key(chunks);
   const int keys_per_step = 32 / lanes;  // keys one copy instruction of a warp covers
   const int step = kU * keys_per_step;   // keys per warp step (16 at head_dim 64)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -543,11 +549,11 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
                                            int block_size, int max_blocks, int max_keys,
                                            int partitions, float scale, cudaStream_t stream) {
   if (batch == 0 || n_heads == 0) return TVLLM_OK;
-  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
-  if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > kMaxHeadDim)
-    return "head_dim must be a multiple of 8, at most 128 (64 and 128 have tuned kernels)";
-  if (q_stride % 8 != 0) return "q's row stride must be a multiple of 8 elements (16 bytes)";
+  const bool grouped = n_kv_heads > 0 && n_heads % n_kv_heads == 0;
+  const bool pieces = head_dim > 0 && head_dim % 8 == 0 && head_dim <= kMaxHeadDim &&
+                      q_stride % 8 == 0;
+  if (!grouped) return "grouped-query attention: n_heads must be a positive multiple of n_kv_heads";
+  if (!pieces) return "head_dim (at most 128) and q's row stride must be multiples of 8 (16 bytes)";
   if (block_size <= 0 || (block_size & (block_size - 1)) != 0)
     return "block_size must be a power of two";
   if (num_blocks < 0 || max_blocks < 0 || max_keys < 0) return "sizes must not be negative";
@@ -567,9 +573,8 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
                  workspace, part_ml, block_tables, context_lens, q_stride, n_heads, n_kv_heads,
                  head_dim, group, /*head_chunks=*/1, num_blocks, block_size, shift, max_blocks,
                  max_keys, partitions, scale * kLog2e};
-  switch (head_dim) {
-    case 64: return launch_dim<64>(p, batch, stream);
-    case 128: return launch_dim<128>(p, batch, stream);
-    default: return launch_dim<0>(p, batch, stream);
-  }
+  // 64 and 128 have kernels compiled for their size; other multiples of 8 the generic one
+  const auto by_dim = head_dim == 64 ? launch_dim<64> : head_dim == 128 ? launch_dim<128>
+                                                                         : launch_dim<0>;
+  return by_dim(p, batch, stream);
 }

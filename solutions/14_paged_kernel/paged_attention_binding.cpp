@@ -29,21 +29,16 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& context_lens, double scale, int64_t max_context,
                             int64_t split, at::Tensor& out) {
-  TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device());
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ", q.scalar_type());
-  TORCH_CHECK(q.dim() == 3, "q must be [batch, n_heads, head_dim], got shape ", q.sizes());
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q: each sequence's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
-              q.strides());
-  TORCH_CHECK(q.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0,
-              "q: rows must be 16-byte aligned (row stride a multiple of 8, got ", q.stride(0), ")");
-  tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
-  tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
-  tvllm::check_tensor(block_tables, "block_tables", at::kInt, 2);
-  tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
-  tvllm::check_tensor(out, "out", at::kBFloat16, 3);
-  for (const at::Tensor& t : {k_cache, v_cache, block_tables, context_lens, out})
-    tvllm::check_same_device(q, t);
+  tvllm::check_head_rows(q, "q");
+  struct Expected { const at::Tensor& t; const char* name; at::ScalarType dtype; int64_t dim; };
+  for (const Expected& e : {Expected{k_cache, "k_cache", at::kBFloat16, 4},
+                            Expected{v_cache, "v_cache", at::kBFloat16, 4},
+                            Expected{block_tables, "block_tables", at::kInt, 2},
+                            Expected{context_lens, "context_lens", at::kInt, 1},
+                            Expected{out, "out", at::kBFloat16, 3}}) {
+    tvllm::check_tensor(e.t, e.name, e.dtype, e.dim);  // CUDA, dtype, contiguous, dims
+    tvllm::check_same_device(q, e.t);
+  }
 
   const int64_t batch = q.size(0), n_heads = q.size(1), head_dim = q.size(2);
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
@@ -62,10 +57,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               "] (one row per sequence of q), got ", block_tables.sizes(), " and ",
               context_lens.sizes());
   TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
-              "out, k_cache and v_cache must be 16-byte aligned");
+  for (const at::Tensor& t : {out, k_cache, v_cache})  // 16-byte loads and stores
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+                "out, k_cache and v_cache must be 16-byte aligned");
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
   TORCH_CHECK(split >= -1 && split <= 1, "split must be -1 (decide), 0 (never) or 1 (always), got ",
               split);

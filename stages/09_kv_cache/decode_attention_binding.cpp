@@ -22,14 +22,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const at::Tensor& seq_slots, const at::Tensor& context_lens, double scale,
                       at::Tensor& out) {
   // q may be a view of a fused QKV tensor: heads contiguous inside a row, rows further apart.
-  TORCH_CHECK(q.is_cuda(), "q must be a CUDA tensor, got one on ", q.device());
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16, "q must be bfloat16, got ", q.scalar_type());
-  TORCH_CHECK(q.dim() == 3, "q must be [batch, n_heads, head_dim], got shape ", q.sizes());
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2),
-              "q: each sequence's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
-              q.strides());
-  TORCH_CHECK(q.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0,
-              "q: rows must be 16-byte aligned (row stride a multiple of 8, got ", q.stride(0), ")");
+  tvllm::check_head_rows(q, "q");
   tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
   tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
   tvllm::check_tensor(seq_slots, "seq_slots", at::kInt, 1);
