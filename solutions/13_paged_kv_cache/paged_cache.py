@@ -85,7 +85,7 @@ class PagedKVCache:
                 vc.view(-1, *vc.shape[2:]).index_select(0, key_rows))
 
 
-def _gathered_decode(q, k_cache, v_cache, block_tables, context_lens, scale):
+def _gathered_decode(q, k_cache, v_cache, block_tables, context_lens, scale, max_context=None):
     """Decode attention over a paged cache without stage 14: copy each sequence's blocks into
     a contiguous [B, max_blocks * block_size] cache and run stage 09's decode attention over
     it. Correct and graph-safe, but it moves every sequence's whole block table each layer."""
@@ -116,7 +116,7 @@ class PagedAttention:
         cache.write(layer, k, v, meta.slot_mapping)
         if meta.decode:
             return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,
-                               meta.context_lens, scale)
+                               meta.context_lens, scale, max_context=cache.max_len)
         if meta.key_rows is None:
             return self.prefill(q, k, v, meta.cu_seqlens_q, scale,
                                 max_seqlen_q=meta.max_seqlen_q)
