@@ -26,7 +26,10 @@ from course import parts
 from solutions.engine.model_runner import EngineConfig, ModelRunner
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
-Sequence = parts.load("11", "sequence").Sequence
+_sequence = parts.load("11", "sequence")
+Sequence, SequenceStatus = _sequence.Sequence, _sequence.SequenceStatus
+# Stands for a token sampled on the GPU that the host has not seen yet (never a real id).
+PLACEHOLDER = -1
 _sched = parts.load("11", "scheduler")
 
 
@@ -69,6 +72,9 @@ class LLMEngine:
                                        0 if c.chunked_prefill else self.runner.max_len),
             chunked_prefill=c.chunked_prefill), self.runner.allocator)
         self.requests: dict[int, _Request] = {}
+        # The step queued on the GPU: (its sequences, their sampled tokens on the device,
+        # whether it is a decode step), collected by the next call of step().
+        self._inflight: tuple[list, torch.Tensor, bool] | None = None
         self._ids = itertools.count()
         self._stopping = parts.load("02", "stopping")
         self._detokenizer = parts.load("02", "detokenizer").IncrementalDetokenizer
@@ -99,10 +105,11 @@ class LLMEngine:
         return rid
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._inflight is not None or self.scheduler.has_unfinished()
 
     def abort(self, request_id: int) -> RequestOutput | None:
-        """Stop a request now (between steps); its cache is freed at once."""
+        """Stop a request now (between steps); its cache is freed at once (a step still in
+        flight may write into it: the GPU runs that step before any later one)."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return None
@@ -110,15 +117,52 @@ class LLMEngine:
         return RequestOutput(request_id, "", [], True, "abort")
 
     def step(self) -> list[RequestOutput]:
-        """Run one step of the model; return what each request that got a token produced."""
+        """Collect the step in flight and queue the next; return what each request that got
+        a token produced. A step's tokens come back one call after it is queued.
+
+        While a decode step runs on the GPU the host already prepares and queues the next
+        one, whose input ids are the running step's samples, still on the device: the host
+        puts a placeholder in each sequence and the real token replaces it when it arrives.
+        So the GPU never waits for the host's scheduling and bookkeeping. The next step is
+        queued this way only when it is sure to be a decode of the same sequences (nothing
+        waiting, room in the context); a sequence that turns out to have stopped had one row
+        of wasted work, whose sample is dropped."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and self._can_run_ahead(inflight):
+            seqs, tokens, _ = inflight
+            for seq in seqs:
+                seq.complete_step(PLACEHOLDER)
+            upcoming = self.scheduler.schedule()   # empty if the pool preempted everyone
+            if upcoming:
+                self._inflight = (upcoming, self.runner.launch(upcoming, (seqs, tokens)), True)
+            return self._collect(seqs, tokens.tolist(), ahead=True)
+        outputs = [] if inflight is None else self._collect(inflight[0], inflight[1].tolist())
         seqs = self.scheduler.schedule()
-        if not seqs:
-            return []
-        tokens = self.runner.run(seqs)
+        if seqs:
+            decode = all(seq.num_scheduled == 1 and seq.num_cached == seq.num_tokens - 1
+                         for seq in seqs)
+            self._inflight = (seqs, self.runner.launch(seqs), decode)
+        return outputs
+
+    def _can_run_ahead(self, inflight) -> bool:
+        seqs, _, decode = inflight
+        return (decode and not self.scheduler.waiting
+                and len(seqs) == len(self.scheduler.running)
+                and all(seq.status is SequenceStatus.RUNNING
+                        and seq.num_tokens < self.max_model_len for seq in seqs))
+
+    def _collect(self, seqs, tokens: list[int], ahead: bool = False) -> list[RequestOutput]:
+        """The tokens of a finished step: ahead, each sequence's placeholder becomes its real
+        token; else the step completes now. Sequences that stopped meanwhile are skipped."""
         outputs = []
         for seq, token in zip(seqs, tokens):
-            if seq.complete_step(token):
-                outputs.append(self._emit(self.requests[seq.seq_id], token))
+            if seq.is_finished or seq.seq_id not in self.requests:
+                continue                     # stopped or aborted while this step ran
+            if ahead:
+                seq.token_ids[-1] = token        # its placeholder, the newest token
+            elif not seq.complete_step(token):
+                continue                     # a prompt chunk: its sample means nothing
+            outputs.append(self._emit(self.requests[seq.seq_id], token))
         return outputs
 
     def _emit(self, req: _Request, token: int) -> RequestOutput:

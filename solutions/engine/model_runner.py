@@ -12,7 +12,8 @@ max_model_len positions per sequence (stage 11's SlotAllocator); `EngineConfig.p
 Prefill steps run the model eagerly on the packed prompts (stage 09's StepPlan); decode steps
 go through stage 10's DecodeGraphs (a graph replay on CUDA). Logits are computed for each
 sequence's last token only, and sampled on the device (sampler.py); the one copy back to the
-host per step is the sampled token ids.
+host per step is the sampled token ids, and `launch` does not wait for it: the engine can
+prepare and queue the next decode step first (llm_engine.py).
 """
 from __future__ import annotations
 
@@ -147,14 +148,23 @@ class ModelRunner:
                 f"({size / GiB:.2f} GiB){graphs}")
 
     @torch.no_grad()
-    def run(self, seqs: list) -> list[int]:
-        """Run the step; return one sampled token per sequence (meaningful for those whose
-        step reaches the end of their tokens; a prompt chunk's sample is ignored)."""
+    def launch(self, seqs: list, previous: tuple[list, torch.Tensor] | None = None
+               ) -> torch.Tensor:
+        """Queue the step on the GPU and return its sampled tokens, [B] int64 on the device,
+        without waiting for them. previous: (the sequences, the tokens) of a decode step still
+        in flight whose samples are these sequences' newest tokens: a decode step takes its
+        input ids from those tokens on the device, while the host holds a placeholder."""
         steps = [_kv.SeqStep(s.block_table, s.num_cached, s.num_scheduled) for s in seqs]
         plan = _kv.StepPlan.build(steps, self.cache)
         model = self.model
         if plan.decode:
-            hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan)
+            ids_device = None
+            if previous is not None:
+                row = {id(s): i for i, s in enumerate(previous[0])}
+                index = [row[id(s)] for s in seqs]
+                ids_device = previous[1][: len(seqs)] if index == list(range(len(seqs))) \
+                    else previous[1][_kv.to_device(index, torch.int64, model.device)]
+            hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
             rows = self.decoder.rows[: len(seqs)]
         else:
             positions, meta = plan.metadata(self.cache, model.device)
@@ -164,7 +174,10 @@ class ModelRunner:
         logits = model.compute_logits(hidden, rows)
         st = sampler.SamplingTensors.from_params([s.params for s in seqs],
                                                  [len(s.output_ids) for s in seqs], model.device)
-        tokens = sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
-                                needs_filter=st.needs_filter, all_greedy=st.all_greedy)
-        return tokens.tolist()   # the step's one wait for the GPU
+        return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
+                              needs_filter=st.needs_filter, all_greedy=st.all_greedy)
 
+    def run(self, seqs: list) -> list[int]:
+        """Run the step and wait for it: one sampled token per sequence (meaningful for those
+        whose step reaches the end of their tokens; a prompt chunk's sample is ignored)."""
+        return self.launch(seqs).tolist()

@@ -57,24 +57,35 @@ class DecodeGraphs:
         if self.use_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; this model is on " + str(device))
         self.sizes = graph_batch_sizes(max_batch)
-        # One pinned host buffer and one device buffer: a step's inputs cross in one copy.
+        # A pinned host buffer and a device buffer: a step's inputs cross in one copy.
         # The first ROWS x max_batch entries are `inputs`, the rest the block tables.
         size = (ROWS + max_blocks) * max_batch
         self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
-        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.inputs = self.device_buffer[: ROWS * max_batch].view(ROWS, max_batch)
         self.tables = self.device_buffer[ROWS * max_batch:].view(max_batch, max_blocks)
-        self.host_rows = self.host[: ROWS * max_batch].view(ROWS, max_batch).numpy()
-        self.host_tables = self.host[ROWS * max_batch:].view(max_batch, max_blocks).numpy()
-        # What each row of host_tables holds: the table list written there, and its length.
-        self._written: list[list[int] | None] = [[]] * max_batch
-        self._written_len: list[tuple[int, int] | None] = [None] * max_batch
+        # Two host buffers, used in turn: an engine that prepares the next step while the GPU
+        # runs this one must not overwrite what this step's copy has not read yet.
+        self._host_buffers = []
+        for _ in range(2):
+            host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+            # What each row of host_tables holds: the table written there, (length, last).
+            self._host_buffers.append((
+                host, host[: ROWS * max_batch].view(ROWS, max_batch).numpy(),
+                host[ROWS * max_batch:].view(max_batch, max_blocks).numpy(),
+                [[]] * max_batch, [None] * max_batch))
+        self._turn = 0
+        self._use_host_buffer(0)
         self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(max_batch, dtype=torch.int64, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if self.use_graphs:
             self.capture()
+
+    def _use_host_buffer(self, turn: int) -> None:
+        self._turn = turn
+        (self.host, self.host_rows, self.host_tables, self._written,
+         self._written_len) = self._host_buffers[turn]
 
     def padded_size(self, batch: int) -> int:
         """The smallest captured batch size that holds `batch` sequences."""
@@ -130,13 +141,19 @@ class DecodeGraphs:
         # TODO stage 10: the four rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 5 lines)
         raise NotImplementedError("TODO stage 10: the four rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 5 lines)")
 
-    def run(self, ids: list[int], plan) -> torch.Tensor:
+    def run(self, ids: list[int], plan, ids_device: torch.Tensor | None = None
+            ) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
-        (plan.decode must be true). Returns hidden [B, H], a view valid until the next run."""
+        (plan.decode must be true). ids_device: [B] int64 on the device, the ids instead of
+        `ids` when the host does not know them yet (the previous step's samples, still on the
+        GPU). Returns hidden [B, H], a view valid until the next run."""
         if not plan.decode or len(ids) != len(plan.positions):
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))
+        self._use_host_buffer(1 - self._turn)
         self._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
                    plan.block_tables, size)
+        if ids_device is not None:   # queued after _fill's copy: it lands on top of `ids`
+            self.inputs[0, : len(ids)].copy_(ids_device)
         # TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)
         raise NotImplementedError("TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)")

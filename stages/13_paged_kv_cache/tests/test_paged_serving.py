@@ -164,12 +164,12 @@ def test_a_shared_system_prompt_is_computed_once(tiny):
     a, b = system + [5, 6], system + [7, 8, 9]
     engine = new_engine(tiny, num_blocks=30, max_model_len=48)
     steps = []
-    run = engine.runner.run
+    launch = engine.runner.launch
 
-    def recording_run(seqs):
+    def recording_launch(seqs, previous=None):
         steps.append([(q.seq_id, q.num_cached, q.num_scheduled) for q in seqs])
-        return run(seqs)
-    engine.runner.run = recording_run
+        return launch(seqs, previous)
+    engine.runner.launch = recording_launch
     got, _ = drive(engine, {0: [(a, params(max_tokens=4))]})
     steps.clear()
     more, _ = drive(engine, {0: [(b, params(max_tokens=4))]})
