@@ -15,6 +15,11 @@ process. Random weights never stop early: every request runs to its max tokens (
                        padding work does not), or fewer with --quick.
   batch-1 decode       a 32-token prompt, 256 new tokens: ms per output token after the first
                        (ours: decode steps replayed from CUDA graphs).
+  shared prefix        256 requests: the same 1,000-token system prompt, then a question of
+                       16-64 tokens; 64 new tokens each. Ours with prefix caching on and off:
+                       on, the system prompt's blocks are computed once and shared.
+Every engine run is preceded by a warm-up on other prompts, so no measured prompt is cached
+before it is measured.
 """
 from __future__ import annotations
 
@@ -41,11 +46,20 @@ def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
              rng.randint(*LENGTHS)) for _ in range(n)]
 
 
-def new_engine(model, max_model_len: int):
+def shared_prefix_workload(n: int, vocab: int, seed: int = 1) -> list[tuple[list[int], int]]:
+    """n requests: one 1,000-token system prompt, then a question of 16-64 tokens; 64 new."""
+    rng = random.Random(seed)
+    system = [rng.randrange(3, vocab) for _ in range(1000)]
+    return [(system + [rng.randrange(3, vocab) for _ in range(rng.randint(16, 64))], 64)
+            for _ in range(n)]
+
+
+def new_engine(model, max_model_len: int, prefix_caching: bool = True):
     from course import parts
     from solutions.engine.llm_engine import LLMEngine
     from solutions.engine.model_runner import EngineConfig
-    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=max_model_len))
+    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=max_model_len,
+                                                     enable_prefix_caching=prefix_caching))
     return engine, parts.load("11", "sampling_params").SamplingParams
 
 
@@ -103,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     engine, SamplingParams = new_engine(model, max_model_len=2 * LENGTHS[1])
     print(f"engine ready in {time.perf_counter() - t:.1f} s: {engine.runner.describe()}",
           flush=True)
-    run_ours(engine, SamplingParams, requests[:8])            # warm-up
+    warmup = workload(8, shape["vocab_size"], seed=99)
+    run_ours(engine, SamplingParams, warmup)
     seconds, tokens = run_ours(engine, SamplingParams, requests)
     result["ours_tok_s"] = tokens / seconds
     print(f"ours: {n} requests, {tokens} output tokens in {seconds:.2f} s = "
@@ -119,9 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ours: batch-1 decode {result['ours_batch1_ms']:.3f} ms per token (median of 3)",
           flush=True)
 
-    if not args.skip_hf:
+    del engine
+    torch.cuda.empty_cache()
+    shared = shared_prefix_workload(n, shape["vocab_size"])
+    for caching in (True, False):
+        engine, SamplingParams = new_engine(model, 2 * LENGTHS[1], prefix_caching=caching)
+        run_ours(engine, SamplingParams, warmup)
+        seconds, tokens = run_ours(engine, SamplingParams, shared)
+        result[f"shared_prefix_caching_{'on' if caching else 'off'}_tok_s"] = tokens / seconds
+        print(f"ours, shared 1,000-token prefix, prefix caching {'on' if caching else 'off'}: "
+              f"{tokens / seconds:,.0f} tok/s", flush=True)
         del engine
         torch.cuda.empty_cache()
+    result["prefix_caching_speedup"] = (result["shared_prefix_caching_on_tok_s"]
+                                        / result["shared_prefix_caching_off_tok_s"])
+    print(f"prefix caching: {result['prefix_caching_speedup']:.2f}x", flush=True)
+
+    if not args.skip_hf:
         seconds, tokens = run_hf(hf, requests)
         result["hf_tok_s"] = tokens / seconds
         result["ratio"] = result["ours_tok_s"] / result["hf_tok_s"]
