@@ -117,3 +117,25 @@ def test_the_engine_pages_its_cache_when_stage_13_is_ready(tiny):
             max_tokens=5))
         got = [t for _ in range(10) for out in e.step() for t in out.new_token_ids]
         assert got == kv().generate_greedy(new_model(tiny), [5, 6, 7], 5), rid
+
+
+def test_requests_admitted_in_consecutive_prefill_steps_share_a_prefix(tiny):
+    """Three requests with a 32-token common prefix arrive together; a budget of 64 tokens a
+    step (no chunking) admits the first alone. The blocks it computed must be registered when
+    its step ends (no decode step comes between to do it), so the next two, admitted in the
+    next prefill step, find them."""
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    SamplingParams = parts.load("11", "sampling_params").SamplingParams
+    engine = LLMEngine(new_model(tiny), None, (), EngineConfig(
+        paged=True, block_size=8, max_model_len=64, max_num_batched_tokens=64,
+        chunked_prefill=False, kv_cache_gib=1e-3))
+    prefix = [5 + i % 50 for i in range(32)]
+    for tail in ([1, 2], [3, 4, 6], [7]):
+        engine.add_request(prefix + tail, SamplingParams(max_tokens=3))
+    while engine.has_unfinished():
+        engine.step()
+    stats = engine.runner.allocator.stats
+    assert stats.hit_tokens == 2 * 32, (
+        f"the 2nd and 3rd requests should each find the 32 prefix tokens (4 blocks of 8) "
+        f"cached; {stats.hit_tokens} prompt tokens were hits")

@@ -241,6 +241,12 @@ class BlockManager:
         self._register(seq)
         # END SOLUTION
 
+    def computed(self, seq) -> None:
+        """After a step: the blocks that seq's cached tokens filled join the prefix cache, so
+        a request admitted in the next step (a prefill step, with no decode step between to
+        call append) already finds them."""
+        self._register(seq)
+
     def free(self, seq) -> None:
         """seq gives its blocks back (finished, aborted or preempted): ref counts drop, and
         a block nobody holds joins the end of the free list, last block first, keeping its

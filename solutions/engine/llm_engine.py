@@ -160,8 +160,11 @@ class LLMEngine:
                 continue                     # stopped or aborted while this step ran
             if ahead:
                 seq.token_ids[-1] = token        # its placeholder, the newest token
-            elif not seq.complete_step(token):
-                continue                     # a prompt chunk: its sample means nothing
+            else:
+                kept = seq.complete_step(token)
+                self.scheduler.allocator.computed(seq)
+                if not kept:
+                    continue                 # a prompt chunk: its sample means nothing
             outputs.append(self._emit(self.requests[seq.seq_id], token))
         return outputs
 

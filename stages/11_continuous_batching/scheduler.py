@@ -59,6 +59,10 @@ class CacheAllocator(Protocol):
     def free(self, seq: Sequence) -> None:
         """Take back all of seq's cache (seq.block_table becomes empty)."""
 
+    def computed(self, seq: Sequence) -> None:
+        """A step has run: seq's first num_cached tokens now have their K/V in the cache
+        (stage 13's prefix cache may now offer those blocks to other requests)."""
+
 
 class SlotAllocator:
     """One slot of max_model_len positions per sequence: block_table = [slot]."""
@@ -82,6 +86,9 @@ class SlotAllocator:
     def free(self, seq: Sequence) -> None:
         self.free_slots.extend(seq.block_table)
         seq.block_table = []
+
+    def computed(self, seq: Sequence) -> None:
+        pass   # a slot is nobody else's: nothing to share
 
 
 @dataclass(frozen=True)

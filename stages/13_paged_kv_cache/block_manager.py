@@ -181,6 +181,12 @@ class BlockManager:
         # TODO stage 13: take a fresh block when the table is short; then _register (about 3 lines)
         raise NotImplementedError("TODO stage 13: take a fresh block when the table is short; then _register (about 3 lines)")
 
+    def computed(self, seq) -> None:
+        """After a step: the blocks that seq's cached tokens filled join the prefix cache, so
+        a request admitted in the next step (a prefill step, with no decode step between to
+        call append) already finds them."""
+        self._register(seq)
+
     def free(self, seq) -> None:
         """seq gives its blocks back (finished, aborted or preempted): ref counts drop, and
         a block nobody holds joins the end of the free list, last block first, keeping its

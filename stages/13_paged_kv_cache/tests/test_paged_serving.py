@@ -124,7 +124,7 @@ def drive(engine, arrivals):
 @pytest.mark.points(6)
 def test_soak_shared_prefixes_through_a_small_pool(tiny):
     """200 requests: one of 3 system prompts (9, 14, 21 tokens) + a short question from a
-    pool, arriving at random steps, greedy, through 40 blocks of 4 positions while up to 6
+    pool, arriving at random steps, greedy, through 24 blocks of 4 positions while up to 6
     sequences of up to 48 tokens run: prefixes are shared, blocks run out, sequences are
     preempted and recomputed. Every output equals the request run alone; nothing leaks."""
     rng = random.Random(1313)
@@ -133,7 +133,7 @@ def test_soak_shared_prefixes_through_a_small_pool(tiny):
     prompts = [sp + [rng.randrange(4, vocab) for _ in range(rng.randint(1, 7))]
                for sp in systems for _ in range(8)]
     eos = (3,)
-    engine = new_engine(tiny, num_blocks=41, eos=eos, max_model_len=48, max_num_seqs=6,
+    engine = new_engine(tiny, num_blocks=25, eos=eos, max_model_len=48, max_num_seqs=6,
                         max_num_batched_tokens=32)
     arrivals: dict[int, list] = {}
     for _ in range(200):
@@ -149,7 +149,7 @@ def test_soak_shared_prefixes_through_a_small_pool(tiny):
             "block must not be written while another sequence reads it")
     bm, s = engine.scheduler.allocator, engine.scheduler
     assert not s.running and not s.waiting
-    assert bm.num_free_blocks == 40 and all(b.ref_count == 0 for b in bm.blocks), (
+    assert bm.num_free_blocks == bm.num_total_blocks and all(b.ref_count == 0 for b in bm.blocks), (
         "at the end every block is free again")
     assert s.num_preemptions > 0, "the pool is small enough that sequences must be preempted"
     assert bm.stats.hit_tokens > 0, "requests with a common system prompt must share blocks"
