@@ -173,26 +173,39 @@ class BlockManager:
     def _register(self, seq) -> None:
         """Give every full block of seq whose K/V are cached (within its first num_cached
         tokens) a hash, in order, unless it has one. A block whose prefix is registered in
-        another block already (computed twice) stays out of the prefix cache."""
+        another block already (computed twice) stays out of the prefix cache, and the chain
+        goes on through that other block: a block's parent is the block a lookup of the same
+        prefix finds before it, so later blocks of either copy stay reachable."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         hashes = self.seq_hashes.setdefault(seq.seq_id, [])
-        # BEGIN SOLUTION: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; if hash_to_block holds a block with these tokens and this parent, it is a duplicate: leave this one unhashed; else register it (hash, token_ids, parent = previous table block's serial)
-        for i in range(len(hashes), min(seq.num_cached // bs, len(seq.block_table))):
+        # BEGIN SOLUTION: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent)
+        start = len(hashes)
+        end = min(seq.num_cached // bs, len(seq.block_table))
+        if start >= end:
+            return
+        parent = -1
+        if start:
+            previous = self.hash_to_block.get(hashes[-1])
+            parent = self.blocks[previous if previous is not None
+                                 else seq.block_table[start - 1]].serial
+        for i in range(start, end):
             tokens = tuple(seq.token_ids[i * bs: (i + 1) * bs])
             h = chain_hash(hashes[-1] if hashes else -1, tokens)
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
-            parent = self.blocks[seq.block_table[i - 1]].serial if i else -1
-            if block.hash is not None:
-                continue   # a hit: registered already
+            if block.hash is not None:           # a hit: registered already
+                parent = block.serial
+                continue
             other = self.hash_to_block.get(h)
             if other is not None and self.blocks[other].token_ids == tokens \
                     and self.blocks[other].parent == parent:
-                continue   # the same prefix is cached in another block
+                parent = self.blocks[other].serial   # computed twice: the cached copy stays
+                continue
             block.hash, block.token_ids, block.parent = h, tokens, parent
             self.hash_to_block[h] = block.block_id
+            parent = block.serial
         # END SOLUTION
 
     # -- the CacheAllocator interface (stage 11's scheduler calls these) ---------------------

@@ -146,13 +146,15 @@ class BlockManager:
     def _register(self, seq) -> None:
         """Give every full block of seq whose K/V are cached (within its first num_cached
         tokens) a hash, in order, unless it has one. A block whose prefix is registered in
-        another block already (computed twice) stays out of the prefix cache."""
+        another block already (computed twice) stays out of the prefix cache, and the chain
+        goes on through that other block: a block's parent is the block a lookup of the same
+        prefix finds before it, so later blocks of either copy stay reachable."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
         hashes = self.seq_hashes.setdefault(seq.seq_id, [])
-        # TODO stage 13: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; if hash_to_block holds a block with these tokens and this parent, it is a duplicate: leave this one unhashed; else register it (hash, token_ids, parent = previous table block's serial) (about 14 lines)
-        raise NotImplementedError("TODO stage 13: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; if hash_to_block holds a block with these tokens and this parent, it is a duplicate: leave this one unhashed; else register it (hash, token_ids, parent = previous table block's serial) (about 14 lines)")
+        # TODO stage 13: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent) (about 25 lines)
+        raise NotImplementedError("TODO stage 13: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent) (about 25 lines)")
 
     # -- the CacheAllocator interface (stage 11's scheduler calls these) ---------------------
 

@@ -275,3 +275,25 @@ def test_scheduler_preempts_when_blocks_run_out_and_nothing_leaks():
     assert all(s.token_ids[6:] == [5] * (s.num_tokens - 6) for s in seqs)
     check_pool(bm, [])
     assert bm.num_free_blocks == 8
+
+
+def test_a_prefix_computed_twice_stays_one_chain():
+    """Two requests with the same 3-block prefix arrive in one step: both compute it, and
+    only the first copy of each block is registered. A third request must still find all 3
+    blocks: the second copy's later blocks chain to the FIRST copy (what a lookup walks),
+    not to their own duplicate parent."""
+    bm = manager(num_blocks=20, block_size=4)
+    prefix = list(range(1, 13))                       # 3 full blocks
+    a = admit(bm, new_seq(0, prefix + [50, 51]))
+    b = admit(bm, new_seq(1, prefix + [60]))
+    assert a.num_cached == b.num_cached == 0, "nothing is cached before either has run"
+    prefill(bm, a)
+    prefill(bm, b)
+    c = admit(bm, new_seq(2, prefix + [70, 71]))
+    assert c.num_cached == 12 and c.block_table[:3] == a.block_table[:3], (
+        f"the third request should find the 3 prefix blocks {a.block_table[:3]} (12 tokens); "
+        f"got num_cached {c.num_cached}, blocks {c.block_table[:3]}: a duplicate's parent must "
+        "be the registered block before it, or the chain breaks after the first block")
+    d = admit(bm, new_seq(3, prefix + [60, 61, 62, 63, 64]))
+    assert d.num_cached >= 12, "b's prefix is the same chain: a fourth request finds it too"
+    check_pool(bm, [a, b, c, d])
