@@ -12,19 +12,6 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
 
 namespace {
 
-// [tokens, heads, head_dim] bf16 whose heads are contiguous inside a token's row; the rows
-// may be further apart (a slice of a fused QKV tensor), 16-byte aligned for cp.async.
-void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 3, name, " must be [tokens, heads, head_dim], got shape ", t.sizes());
-  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
-              ": each token's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
-              t.strides());
-  TORCH_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
-              ": rows must be 16-byte aligned (token stride a multiple of 8, got ", t.stride(0), ")");
-}
-
 // q: [Tq, n_heads, d], k, v: [Tk, n_kv, d], cu_seqlens_q, cu_seqlens_k: [B + 1] int32
 // -> out: [Tq, n_heads, d], d = 64 or 128. The offsets stay on the device: reading them here
 // would make the CPU wait for the GPU once per layer, so the caller validates them once on
@@ -32,9 +19,9 @@ void check_rows(const at::Tensor& t, const char* name) {
 void flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                      int64_t max_seqlen_q, double scale, at::Tensor& out) {
-  check_rows(q, "q");
-  check_rows(k, "k");
-  check_rows(v, "v");
+  tvllm::check_head_rows(q, "q");
+  tvllm::check_head_rows(k, "k");
+  tvllm::check_head_rows(v, "v");
   tvllm::check_tensor(out, "out", at::kBFloat16, 3);
   tvllm::check_tensor(cu_seqlens_q, "cu_seqlens_q", at::kInt, 1);
   tvllm::check_tensor(cu_seqlens_k, "cu_seqlens_k", at::kInt, 1);

@@ -22,15 +22,15 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
               t.sizes());
 }
 
-// Rows of heads for a decode kernel: [rows, n_heads, head_dim] bf16 on CUDA, each row's
+// Rows of heads for an attention kernel: [rows, n_heads, head_dim] bf16 on CUDA, each row's
 // heads contiguous, rows 16-byte aligned (a multiple of 8 apart): a view of a fused QKV
 // projection's output qualifies.
 inline void check_head_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
   TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 3, name, " must be [batch, n_heads, head_dim], got shape ", t.sizes());
+  TORCH_CHECK(t.dim() == 3, name, " must be [rows, heads, head_dim], got shape ", t.sizes());
   TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
-              ": each sequence's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
+              ": each row's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
               t.strides());
   TORCH_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
               ": rows must be 16-byte aligned (row stride a multiple of 8, got ", t.stride(0), ")");
