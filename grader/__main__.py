@@ -3,6 +3,7 @@
     python3 -m grader NN                 grade your stage NN (reference for every other stage)
     python3 -m grader NN --cumulative    grade NN using your stages 01..NN together
     python3 -m grader NN --solution      grade the reference solution itself
+    python3 -m grader NN --bench         time your kernels of NN beside the reference and torch
     python3 -m grader all                grade every available stage, then the course map
     python3 -m grader next               the first stage without full marks, with its report
     python3 -m grader reset NN           restore stage NN's skeleton (your files are backed up)
@@ -45,11 +46,17 @@ def grade_main(argv: list[str]) -> int:
     mode.add_argument("--solution", action="store_true", help="grade the reference solution")
     p.add_argument("--student-root", type=Path, metavar="DIR",
                    help="directory holding your NN_name/ stage folders (default: stages/)")
+    p.add_argument("--bench", action="store_true",
+                   help="not graded: time your kernels of the stage beside the reference's and "
+                        "torch's (GB/s or TFLOP/s, share of a same-bytes copy); needs a GPU")
     _grade_args(p)
     args = p.parse_args(argv)
     if args.stage in ("all", "next"):
         return course_main(args)
     stage = manifest.find_ready(args.stage)
+    if args.bench:
+        from grader import bench
+        return bench.main(stage, args.student_root, solution=args.solution, json_path=args.json)
     result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
                               args.extra_tests, args.timeout, args.verbose,
                               listener=report.LivePrinter())
