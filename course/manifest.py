@@ -28,6 +28,7 @@ class Stage:
     points: int
     gpu: bool
     needs: tuple[str, ...]
+    min_cc: str | None = None   # the compute capability its kernels need ("8.0"), if above sm_75
 
     @property
     def ready(self) -> bool:
@@ -56,7 +57,7 @@ def stages() -> tuple[Stage, ...]:
         out.append(Stage(
             id=entry["id"], dir=entry["dir"], title=entry["title"], status=entry["status"],
             parts=tuple(entry["parts"]), points=int(entry["points"]), gpu=bool(entry["gpu"]),
-            needs=tuple(entry["needs"]),
+            needs=tuple(entry["needs"]), min_cc=entry.get("min_cc"),
         ))
     return tuple(out)
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from course import manifest
-from grader import report, runner
+from grader import capability, report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:
@@ -56,10 +56,15 @@ def grade_main(argv: list[str]) -> int:
     stage = manifest.find_ready(args.stage)
     if args.bench:
         from grader import bench
+        too_old = capability.too_old(stage)
+        if too_old:
+            print(f"{too_old}: not measured.")
+            return 0
         return bench.main(stage, args.student_root, solution=args.solution, json_path=args.json)
-    result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
-                              args.extra_tests, args.timeout, args.verbose,
-                              listener=report.LivePrinter())
+    with capability.check(stage):
+        result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
+                                  args.extra_tests, args.timeout, args.verbose,
+                                  listener=report.LivePrinter())
     print("\n".join(report.footer(result)))
     _write_reports(args, [result])
     return 0 if result.full_marks else 1
@@ -87,9 +92,10 @@ def course_main(args: argparse.Namespace) -> int:
     are 'not graded' kernel tests counts as done here (it cannot do better on this machine)."""
     results: list[runner.StageResult] = []
     for stage in (s for s in manifest.stages() if s.ready):
-        print(f"grading stage {stage.id} ({stage.dir})...", end=" ", flush=True)
-        result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
-                                  args.extra_tests, args.timeout, args.verbose)
+        with capability.check(stage):
+            print(f"grading stage {stage.id} ({stage.dir})...", end=" ", flush=True)
+            result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
+                                      args.extra_tests, args.timeout, args.verbose)
         results.append(result)
         print(report.score_line(result), flush=True)
         if args.stage == "next" and not report.done_here(result):

@@ -53,7 +53,10 @@ def test_lines(t: TestResult, width: int) -> list[str]:
     note = ""
     if t.outcome in NOTED:
         note = "  " + first_line(t.message)
-    lines = [f"  {short_name(t.name):<{width}}  {LABELS.get(t.outcome, t.outcome)}{note}"]
+    label = LABELS.get(t.outcome, t.outcome)
+    if t.outcome == "not_graded" and t.message.startswith("not graded: "):
+        label = first_line(t.message)  # "no CUDA device", or the compute capability it needs
+    lines = [f"  {short_name(t.name):<{width}}  {label}{note}"]
     cause = next((ln.strip() for ln in t.message.splitlines()
                   if ln.strip().startswith("likely cause:")), "")
     if t.outcome in NOTED and cause:
