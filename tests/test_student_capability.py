@@ -85,3 +85,15 @@ def test_gpu_tests_read_not_graded_never_passed(tmp_path, monkeypatch):
                           f"not graded: {reason}")
     line = report.test_lines(t, 30)[0]
     assert line.endswith("not graded: stage 12 needs compute capability 8.0; this GPU is 7.5")
+
+
+def test_the_colab_notebook_is_a_notebook_that_grades():
+    import json
+    nb = json.loads((manifest.ROOT / "notebooks" / "colab_grade.ipynb").read_text())
+    assert nb["nbformat"] == 4 and nb["cells"]
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert "git clone" in code and "constraints.txt" in code and "python3 -m grader" in code
+    for c in nb["cells"]:
+        assert c["cell_type"] in ("code", "markdown") and isinstance(c["source"], list)
+        if c["cell_type"] == "code":
+            assert c["outputs"] == [] and c["execution_count"] is None
