@@ -27,24 +27,7 @@ import time
 import torch
 
 from bench.engine import SHAPES, build_models
-from bench.timing import report_no_cuda
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
-    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        b.copy_(a)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * a.numel() * 2 / statistics.median(times)
+from bench.timing import Timer, copy_bandwidth, report_no_cuda
 
 
 def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
@@ -123,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         return report_no_cuda("bench.profile", args.json, "results")
     _, model, _ = build_models(SHAPES["Llama-3.2-1B"], seed=0, max_positions=args.context + 64)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(Timer(quick=True))[0] * 1e9   # bytes per second
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     results = []
     for batch in args.batch:

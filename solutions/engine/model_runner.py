@@ -3,7 +3,8 @@
     ModelRunner(model, config)     a KV cache sized from memory, the cache attention backend,
                                    the scheduler's cache allocator, decode CUDA graphs for
                                    every padded batch size
-    runner.run(seqs) -> [token]    the step's sequences (num_scheduled set by the scheduler)
+    runner.launch(seqs) -> tokens  the step's sequences (num_scheduled set by the scheduler) in,
+                                   one sampled token each out, on the device, not waited for
 
 The cache is paged (stage 13: a pool of blocks, a BlockManager with prefix caching, paged
 attention) once stage 13 is available, else stage 09's contiguous cache with one slot of
@@ -176,8 +177,3 @@ class ModelRunner:
                                                  [len(s.output_ids) for s in seqs], model.device)
         return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
                               needs_filter=st.needs_filter, all_greedy=st.all_greedy)
-
-    def run(self, seqs: list) -> list[int]:
-        """Run the step and wait for it: one sampled token per sequence (meaningful for those
-        whose step reaches the end of their tokens; a prompt chunk's sample is ignored)."""
-        return self.launch(seqs).tolist()

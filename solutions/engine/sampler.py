@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course import ops
+from course import ops, parts
 
 _U64 = (1 << 64) - 1
 
@@ -218,13 +218,10 @@ class SamplingTensors:
         if all(p.greedy for p in params):
             # Every row takes the argmax: no per-row tensors to build (and no copies to make).
             return cls(None, None, None, None, None, needs_filter=False, all_greedy=True)
-        device = torch.device(device)
-        pin = device.type == "cuda"
+        to_device = parts.load("08", "attention_metadata").to_device   # pinned, non-blocking
 
         def rows(values: list, dtype: torch.dtype) -> torch.Tensor:
-            host = torch.tensor(values, dtype=dtype)
-            return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
-
+            return to_device(values, dtype, device)
         return cls(
             # Greedy rows get exactly 0: the device's rule is "temperature > 0 samples".
             temperature=rows([0.0 if p.greedy else float(p.temperature) for p in params],
