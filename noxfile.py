@@ -93,9 +93,21 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Kernel and engine benchmarks on the GPU: python3 -m bench.kernels; python3 -m bench.engine."""
-    _run(session, "-m", "bench.kernels", *session.posargs)
-    _run(session, "-m", "bench.engine")
+    """The benchmark on the GPU, this engine beside transformers: nox -s bench -- [--out DIR]
+    [--only offline,batch1,sweep,ttft,prefix,kernels,profile] [--skip-hf] [--quick]
+    [--hf-cache static|dynamic] [--model DIR] (python3 -m bench; docs/benchmarks.md)."""
+    _run(session, "-m", "bench", *session.posargs)
+
+
+@nox.session(name="bench-plot", venv_backend="venv", reuse_venv=True)
+def bench_plot(session: nox.Session) -> None:
+    """PNG plots of a benchmark's JSON, on any machine: nox -s bench-plot -- FILE.json [...]
+    [--out DIR] (python3 -m bench.plot). Its own small environment: matplotlib, no torch."""
+    if not session.posargs:
+        session.error("which results? e.g. nox -s bench-plot -- logs/bench.json --out plots/")
+    session.install("-q", "-c", str(environment.CONSTRAINTS), "matplotlib")
+    session.run("python", "-m", "bench.plot", *session.posargs,
+                env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(name="sync-stages")

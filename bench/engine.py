@@ -96,6 +96,21 @@ def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NE
     return hf, ours, model_mod
 
 
+def load_models(model_dir: str, max_positions: int):
+    """(transformers model, our LlamaModel) of a real checkpoint in HF layout, bf16 on DEVICE."""
+    from transformers import AutoModelForCausalLM
+
+    from course import parts
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
+                                              attn_implementation="sdpa").to(DEVICE).eval()
+    config = parts.load("01", "config").load_config(model_dir)
+    weights = parts.load("01", "checkpoint").load_weights(model_dir, config)
+    ours = parts.load("08", "model").LlamaModel(config, weights, device=DEVICE,
+                                                dtype=torch.bfloat16,
+                                                max_positions=max_positions)
+    return hf, ours
+
+
 def bench_shape(name: str, shape: dict, runs: int, seed: int) -> dict:
     hf, ours, model_mod = build_models(shape, seed)
     g = torch.Generator(device="cpu")

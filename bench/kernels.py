@@ -275,6 +275,62 @@ def row_dict(r: Row, copy_gbs: float) -> dict:
     return d
 
 
+def run_families(families: list[str], ops: Ops, timer: Timer, seed: int
+                 ) -> tuple[list[Row], str | None]:
+    """Every case of the families, checked then timed, printing a line each; (rows, what broke
+    the CUDA context or None). A broken context stops the run: later rows would all fail."""
+    rows: list[Row] = []
+    fatal: str | None = None
+    for fam in families:
+        cases = FAMILIES[fam](ops)
+        while True:
+            if fatal:
+                break
+            try:
+                case = next(cases)
+            except StopIteration:
+                break
+            except Exception as e:  # setting up failed: report it, go on
+                if _is_fatal(e):
+                    fatal = f"{fam}: {e}"
+                rows.append(Row(fam, "-", 0, 0, f"error: setting up: {type(e).__name__}: {e}",
+                                torch_status="not run"))
+                break
+            try:
+                row = run_case(case, timer, seed)
+            except Exception as e:  # report it, go on
+                if _is_fatal(e):
+                    fatal = f"{case.kernel} T={case.tokens}: {str(e).splitlines()[0]}"
+                row = Row(case.kernel, case.tokens, case.bytes, case.flops,
+                          f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}",
+                          via=case.via, torch_status="not run")
+                traceback.print_exc()
+            rows.append(row)
+            ours = f"{row.ours.median_us:9.1f} us ({row.ours.host_us:.0f} us host)" \
+                if row.ours else row.status.splitlines()[0][:90]
+            torch_s = f"{row.torch.median_us:9.1f} us" if row.torch else row.torch_status
+            print(f"  {row.kernel:22s} T={row.tokens:6s} ours {ours:40s} torch {torch_s}",
+                  flush=True)
+        if fatal:
+            break
+    if fatal:
+        print(f"\nSTOPPED: a kernel broke the CUDA context ({fatal}); the rows after it were "
+              "not run. Rerun with --only to measure the others.")
+    for r in rows:
+        if r.status.startswith("WRONG"):
+            print(f"\n{r.kernel} T={r.tokens} is WRONG (not timed):\n{r.status[7:]}")
+    return rows, fatal
+
+
+def table_dict(rows: list[Row], fatal: str | None, ops: Ops, timer: Timer, copy_gbs: float,
+               copy_t: Timing, seed: int, quick: bool) -> dict:
+    """The kernel table as JSON: every row's times, GB/s (TFLOP/s) and share of the ceiling."""
+    return {"seed": seed, "quick": quick, "l2_bytes": timer.l2_bytes,
+            "copy_bandwidth_GBps": copy_gbs, "copy": copy_t.as_dict(),
+            "kernels_build": ops.build_error or "ok", "stopped": fatal,
+            "rows": [row_dict(r, copy_gbs) for r in rows]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -309,58 +365,16 @@ def main(argv: list[str] | None = None) -> int:
           f"copy bandwidth {copy_gbs:.0f} GB/s ({COPY_BYTES / 2**30:g} GiB device-to-device, "
           f"read + write, median of {copy_t.runs})", flush=True)
 
-    rows: list[Row] = []
-    fatal: str | None = None
-    for fam in families:
-        cases = FAMILIES[fam](ops)
-        while True:
-            if fatal:
-                break
-            try:
-                case = next(cases)
-            except StopIteration:
-                break
-            except Exception as e:  # setting up failed: report it, go on
-                if _is_fatal(e):
-                    fatal = f"{fam}: {e}"
-                rows.append(Row(fam, "-", 0, 0, f"error: setting up: {type(e).__name__}: {e}",
-                                torch_status="not run"))
-                break
-            try:
-                row = run_case(case, timer, args.seed)
-            except Exception as e:  # report it, go on
-                if _is_fatal(e):
-                    fatal = f"{case.kernel} T={case.tokens}: {str(e).splitlines()[0]}"
-                row = Row(case.kernel, case.tokens, case.bytes, case.flops,
-                          f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}",
-                          via=case.via, torch_status="not run")
-                traceback.print_exc()
-            rows.append(row)
-            ours = f"{row.ours.median_us:9.1f} us ({row.ours.host_us:.0f} us host)" \
-                if row.ours else row.status.splitlines()[0][:90]
-            torch_s = f"{row.torch.median_us:9.1f} us" if row.torch else row.torch_status
-            print(f"  {row.kernel:22s} T={row.tokens:6s} ours {ours:40s} torch {torch_s}",
-                  flush=True)
-        if fatal:
-            break
-    if fatal:
-        print(f"\nSTOPPED: a kernel broke the CUDA context ({fatal}); the rows after it were "
-              "not run. Rerun with --only to measure the others.")
-
-    for r in rows:
-        if r.status.startswith("WRONG"):
-            print(f"\n{r.kernel} T={r.tokens} is WRONG (not timed):\n{r.status[7:]}")
+    rows, fatal = run_families(families, ops, timer, args.seed)
     elapsed = time.perf_counter() - started
     print(f"\nDevice: {name}; copy bandwidth {copy_gbs:.0f} GB/s; medians of CUDA-event "
           f"timings, cold L2, {elapsed:.0f} s in all. speedup = torch us / ours us (above 1: "
           "ours is faster).\n")
     print(markdown(rows, copy_gbs))
     if args.json:
-        report = {"measured": True, "device": name, "torch": torch.__version__, "seed": args.seed,
-                  "quick": args.quick, "l2_bytes": timer.l2_bytes,
-                  "copy_bandwidth_GBps": copy_gbs, "copy": copy_t.as_dict(),
-                  "kernels_build": ops.build_error or "ok", "stopped": fatal,
-                  "rows": [row_dict(r, copy_gbs) for r in rows], "elapsed_s": elapsed}
+        report = {"measured": True, "device": name, "torch": torch.__version__,
+                  **table_dict(rows, fatal, ops, timer, copy_gbs, copy_t, args.seed, args.quick),
+                  "elapsed_s": elapsed}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
         print(f"\nwrote {args.json}")

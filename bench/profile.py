@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from bench import floor as floor_mod
 from bench.engine import SHAPES, build_models
 from bench.timing import Timer, copy_bandwidth, report_no_cuda
 
@@ -84,13 +85,10 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
         engine.step()
     torch.cuda.synchronize()
     step_us = (time.perf_counter() - t0) / 30 * 1e6
-    c = model.config
-    kv = parts.load("09", "kv_cache")
-    weights = sum(t.numel() * t.element_size() for t in
-                  [model.embed_tokens, model.final_norm] + [w for layer in model.layers
-                                                            for w in vars(layer).values()])
-    kv_bytes = batch * (context + 30) * kv.KVCache.bytes_per_token(c, model.dtype)
-    floor = (weights + kv_bytes) / bandwidth * 1e6
+    # The sequences hold context + ~30 cached tokens by now (prefill, the steps above).
+    floor = floor_mod.step_floor_s(floor_mod.weight_bytes(model),
+                                   floor_mod.kv_bytes_per_token(model),
+                                   batch * (context + 30), bandwidth) * 1e6
     return {"batch": batch, "context": context, "graph_replay_us": statistics.median(replays),
             "engine_step_us": step_us, "floor_us": floor,
             "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels]}

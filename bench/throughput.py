@@ -24,82 +24,28 @@ before it is measured.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import random
 import sys
 import time
 
 import torch
 
-from bench.engine import SHAPES, build_models, sync
+from bench import workloads
+from bench.engine import SHAPES, build_models
+from bench.ours import new_engine, release, run_ours
 from bench.timing import report_no_cuda
 
-NUM_REQUESTS = 256
-LENGTHS = (100, 1024)
-BATCH1_PROMPT, BATCH1_NEW = 32, 256
+NUM_REQUESTS = workloads.OFFLINE_REQUESTS
+LENGTHS = workloads.OFFLINE_LENGTHS
+BATCH1_PROMPT, BATCH1_NEW = workloads.BATCH1_PROMPT, workloads.BATCH1_NEW
+workload = workloads.offline
+shared_prefix_workload = workloads.shared_prefix
 
 
-def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    """nano-vllm's bench.py: n (prompt ids, output length) pairs, lengths uniform in LENGTHS."""
-    rng = random.Random(seed)
-    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*LENGTHS))],
-             rng.randint(*LENGTHS)) for _ in range(n)]
-
-
-def shared_prefix_workload(n: int, vocab: int, seed: int = 1) -> list[tuple[list[int], int]]:
-    """n requests: one 1,000-token system prompt, then a question of 16-64 tokens; 64 new."""
-    rng = random.Random(seed)
-    system = [rng.randrange(3, vocab) for _ in range(1000)]
-    return [(system + [rng.randrange(3, vocab) for _ in range(rng.randint(16, 64))], 64)
-            for _ in range(n)]
-
-
-def new_engine(model, max_model_len: int, prefix_caching: bool = True):
-    from course import parts
-    from solutions.engine.llm_engine import LLMEngine
-    from solutions.engine.model_runner import EngineConfig
-    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=max_model_len,
-                                                     enable_prefix_caching=prefix_caching))
-    return engine, parts.load("11", "sampling_params").SamplingParams
-
-
-def release() -> None:
-    """Give a dropped engine's KV pool and graphs back before the next one sizes its own."""
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
-def run_ours(engine, SamplingParams, requests) -> tuple[float, int]:
-    """(seconds, output tokens) to serve every request."""
-    sync()
-    t0 = time.perf_counter()
-    for prompt, n in requests:
-        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
-    tokens = 0
-    while engine.has_unfinished():
-        tokens += sum(len(o.new_token_ids) for o in engine.step())
-    sync()
-    return time.perf_counter() - t0, tokens
-
-
-@torch.no_grad()
 def run_hf(hf, requests) -> tuple[float, int]:
-    """transformers generate() on all requests in one left-padded batch."""
-    longest = max(len(p) for p, _ in requests)
-    ids = torch.zeros((len(requests), longest), dtype=torch.int64)
-    mask = torch.zeros_like(ids)
-    for i, (p, _) in enumerate(requests):
-        ids[i, longest - len(p):] = torch.tensor(p)
-        mask[i, longest - len(p):] = 1
-    new = max(n for _, n in requests)
-    sync()
-    t0 = time.perf_counter()
-    hf.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new,
-                min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None,
-                temperature=None, top_p=None, top_k=None)
-    sync()
-    return time.perf_counter() - t0, sum(n for _, n in requests)
+    """transformers generate() on all requests in one left-padded batch (dynamic cache)."""
+    from bench.hf import Transformers
+    return Transformers(hf, cache="dynamic", log=lambda _: None).serve(requests, max_len=0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,81 @@
+"""`python3 -m bench` without a GPU, its flags, and transformers' side falling back (CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import __main__ as cli
+from bench import hf, results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_cuda_says_so_and_exits_0(tmp_path):
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so this is the no-CUDA path on every machine.
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "bench", "--out", str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device here; nothing was measured" in proc.stdout
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["measured"] is False and "no CUDA" in doc["reason"]
+    assert results.problems(doc) == []
+
+
+def test_flags():
+    args = cli.parse_args(["--only", "sweep, kernels", "--out", "d", "--skip-hf"])
+    assert args.workloads == ["sweep", "kernels"] and args.json == str(Path("d") / "bench.json")
+    assert cli.parse_args([]).workloads == list(cli.ALL)
+    assert cli.parse_args(["--json", "x.json", "--out", "d"]).json == "x.json"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--only", "offline,nonsense"])
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--hf-cache", "paged"])
+
+
+class FakeModel:
+    """Records generate() calls; the static cache raises, as a failed compile would."""
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, **kw):
+        self.calls.append(kw)
+        if kw.get("cache_implementation") == "static":
+            raise RuntimeError("compile went wrong\nmore detail")
+        return kw["input_ids"]
+
+
+def test_transformers_falls_back_to_the_dynamic_cache_and_says_so():
+    model, logged = FakeModel(), []
+    side = hf.Transformers(model, "static", compile_limit_s=0, log=logged.append)
+    requests = [([5, 6, 7], 600), ([8, 9], 100)]
+    seconds, tokens = side.serving(64, dynamic_cap=256)(requests)
+    assert side.cache == "dynamic"
+    assert "static + compile failed: RuntimeError: compile went wrong" in side.name
+    assert any("falling back" in line for line in logged)
+    assert tokens == 256 + 100, "the dynamic cache serves each request's first 256 tokens"
+    static, warm, timed = model.calls
+    assert static["cache_implementation"] == "static" and static["max_cache_len"] >= 64
+    assert "cache_implementation" not in timed and timed["max_new_tokens"] == 256
+    assert warm["max_new_tokens"] == hf.WARM_STEPS, "a warm-up of the same shape runs first"
+    ids, mask = timed["input_ids"], timed["attention_mask"]
+    assert ids.tolist() == [[5, 6, 7], [0, 8, 9]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    # a second call of the same shape is not warmed up again
+    side.serve(requests, 64, dynamic_cap=256)
+    assert len(model.calls) == 4
+    assert side.describe()["fallback_reason"].startswith("RuntimeError")
+
+
+def test_deadline_interrupts_a_long_compile():
+    import time
+    with pytest.raises(hf.CompileTimeout):
+        with hf.deadline(0.2):
+            time.sleep(5)

@@ -1,0 +1,146 @@
+"""bench.results, bench.targets, bench.report and bench.plot on a document built the way
+`python3 -m bench` builds it (its section functions), from synthetic numbers."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import report, results, targets
+
+ENV = {"gpu": "NVIDIA H200", "capability": "9.0", "driver": "580.159.04",
+       "torch": "2.11.0+cu130", "cuda": "13.0", "transformers": "5.17.0", "python": "3.12.3",
+       "date": "2026-12-01T00:00:00+00:00", "commit": "abc123"}
+SWEEP = (1, 8, 32, 64, 128, 256)
+
+
+def synthetic_document() -> dict:
+    doc = results.new_document(ENV, {"source": "random", "dtype": "bfloat16", "eos": "ignored"},
+                               {"quick": False})
+    doc["copy_bandwidth_GBps"] = 4280.0
+    doc["transformers_config"] = {"name": "static cache + torch.compile", "cache": "static",
+                                  "fallback_reason": None, "first_warmup_s": 70.0,
+                                  "warmup_s": 80.0}
+    w = doc["workloads"]
+    # ours 142,248 tokens in 4 s = 35,562 tok/s; transformers 14,224.8 tok/s: 2.5x
+    w["offline"] = results.offline_section(256, (4.0, 142248), (10.0, 142248), 256, "")
+    w["batch1"] = results.batch1_section(32, 256, 0.58, [1.30, 1.20, 1.25], [2.5, 2.6, 2.4])
+    w["sweep"] = results.sweep_section(128, 128, [
+        results.sweep_row(b, 128, (0.01 * b, 0.2 + 0.001 * b), (0.02 * b, 1.0 + 0.004 * b))
+        for b in reversed(SWEEP)])
+    w["ttft"] = results.ttft_section(4096, [40.0, 42.0, 41.0], None,
+                                     {"transformers": "not run: budget"})
+    w["prefix"] = results.prefix_section(256, 1000, (2.0, 16384), (4.0, 16384), (8.0, 16384))
+    doc["kernels"] = {"copy_bandwidth_GBps": 4280.0, "rows": [
+        {"kernel": "rmsnorm", "tokens": "4096", "bytes": 33554432, "flops": 0, "status": "ok",
+         "ours": {"median_us": 14.0, "GBps": 2400.0, "pct_copy_bw": 56.0},
+         "torch": {"median_us": 125.0, "GBps": 268.0, "pct_copy_bw": 6.3},
+         "pct_of_same_bytes_copy": 111.0, "speedup": 8.9},
+        {"kernel": "linear 2048->8192", "tokens": "4096", "bytes": 10**8, "flops": 1.4e14,
+         "status": "ok", "ours": {"median_us": 184.0, "TFLOPS": 747.0, "pct_copy_bw": 15.0},
+         "torch": {"median_us": 186.0, "TFLOPS": 739.0, "pct_copy_bw": 14.8},
+         "pct_of_same_bytes_copy": 17.0, "speedup": 1.01},
+        {"kernel": "prefill_attention", "tokens": "4096", "bytes": 0, "flops": 1, "status":
+         "WRONG: mismatch", "ours": None, "torch": {"median_us": 187.0, "pct_copy_bw": 0.0},
+         "pct_of_same_bytes_copy": None, "speedup": None}]}
+    doc["profile"] = {"bandwidth": 4.28e12, "results": [
+        {"batch": 1, "context": 512, "graph_replay_us": 1177.0, "engine_step_us": 1467.0,
+         "floor_us": 594.0, "kernels": [{"name": "gemm", "us": 690.0, "launches": 65}]}]}
+    doc["elapsed_s"] = 300.0
+    doc["targets"] = targets.check(doc)
+    return doc
+
+
+def test_sections_compute_rates_and_ratios():
+    doc = synthetic_document()
+    w = doc["workloads"]
+    assert w["offline"]["ours"]["tok_s"] == pytest.approx(35562.0)
+    assert w["offline"]["ratio"] == pytest.approx(2.5)
+    b = w["batch1"]
+    assert b["ours"]["ms"] == pytest.approx(1.25)          # the median of the runs
+    assert b["ours"]["share_of_floor"] == pytest.approx(0.58 / 1.25)
+    assert b["ratio"] == pytest.approx(2.5 / 1.25)          # transformers ms / ours ms
+    rows = w["sweep"]["rows"]
+    assert [r["batch"] for r in rows] == list(SWEEP), "rows sorted by batch"
+    r8 = rows[1]
+    assert r8["ours"]["tok_s"] == pytest.approx(8 * 128 / 0.208)
+    assert r8["ours"]["decode_tok_s"] == pytest.approx(8 * 127 / (0.208 - 0.08))
+    assert r8["ratio"] == pytest.approx((8 * 128 / 0.208) / (8 * 128 / 1.032))
+    assert w["ttft"]["transformers"] is None and w["ttft"]["ratio"] is None
+    assert w["ttft"]["transformers_skipped"] == "not run: budget"
+    assert w["prefix"]["caching_speedup"] == pytest.approx(2.0)
+    assert w["prefix"]["ratio"] == pytest.approx(4.0)
+
+
+def test_write_read_round_trip_and_schema(tmp_path):
+    doc = synthetic_document()
+    path = results.write(tmp_path / "sub" / "bench.json", doc)
+    back = results.read(path)
+    assert back == json.loads(json.dumps(doc))
+    assert back["schema"] == results.SCHEMA
+    assert set(results.ENVIRONMENT_KEYS) <= set(back["environment"])
+    # what problems() must catch
+    broken = json.loads(json.dumps(doc))
+    del broken["environment"]["driver"]
+    del broken["workloads"]["sweep"]["rows"][0]["transformers"]
+    broken["workloads"]["nonsense"] = {}
+    found = " | ".join(results.problems(broken))
+    assert "environment lacks driver" in found
+    assert "workloads.sweep: no 'transformers'" in found
+    assert "unknown workload 'nonsense'" in found
+    with pytest.raises(ValueError, match="driver"):
+        results.write(tmp_path / "bad.json", broken)
+    (tmp_path / "old.json").write_text(json.dumps({**doc, "schema": "other/0"}))
+    with pytest.raises(ValueError, match="schema"):
+        results.read(tmp_path / "old.json")
+    unmeasured = results.not_measured("no CUDA device")
+    assert results.problems(unmeasured) == []
+
+
+def test_targets_say_by_how_much():
+    checks = {c["target"]: c for c in synthetic_document()["targets"]}
+    offline = checks["offline throughput >= 40,000 output tok/s"]
+    assert offline["met"] is False
+    assert "MISSED by 4,438 tok/s" in offline["text"] and "89% of the goal" in offline["text"]
+    ratio = checks["offline throughput >= 3x transformers"]
+    assert ratio["met"] is False and "2.50x against 3.00x" in ratio["text"]
+    b1 = checks["batch-1 decode >= 75% of the bandwidth floor"]
+    assert b1["met"] is False and b1["value"] == pytest.approx(0.464)
+    assert "75% of the floor is 0.773 ms" in b1["text"]
+    assert sum(c["target"].startswith("decode sweep batch") for c in checks.values()) == 6
+    assert all(c["met"] for t, c in checks.items() if t.startswith("decode sweep batch"))
+    # not measured is never met
+    assert targets.verdict("x", None, 3.0, "x")["met"] is None
+
+
+def test_summary_prints_every_table():
+    text = report.summary(synthetic_document())
+    for piece in ("NVIDIA H200", "driver 580.159.04", "35,562", "2.50x", "1.250 ms",
+                  "46% of floor", "not run: budget", "| 256 |", "MISSED", "rmsnorm",
+                  "747.0 TFLOP/s", "WRONG", "graph replay 1177 us"):
+        assert piece in text, f"{piece!r} missing from the summary:\n{text}"
+
+
+def test_plot_from_written_json(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is in the test extra; "
+                        "nox -s bench-plot installs it too")
+    from bench import plot
+    path = results.write(tmp_path / "bench.json", synthetic_document())
+    series = plot.sweep_series(results.read(path))
+    assert series["batch"] == list(SWEEP)
+    assert series["ours"][0] == pytest.approx(128 / 0.201)
+    kseries = plot.kernel_series(results.read(path))
+    assert kseries["ours"] == [56.0, 15.0, None] and kseries["note"][1] == "747 TFLOP/s"
+    assert plot.main([str(path), "--out", str(tmp_path / "png")]) == 0
+    for name in ("sweep.png", "kernels.png"):
+        png = (tmp_path / "png" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
+
+
+def test_plot_refuses_what_it_cannot_draw(tmp_path, capsys):
+    from bench import plot
+    empty = results.write(tmp_path / "nothing.json", results.not_measured("no CUDA device"))
+    assert plot.main([str(empty)]) == 1
+    assert "nothing to plot" in capsys.readouterr().out
+    (tmp_path / "junk.json").write_text("{}")
+    assert plot.main([str(tmp_path / "junk.json")]) == 1
