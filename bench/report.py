@@ -37,8 +37,9 @@ def header(doc: dict) -> str:
     if hf:
         warm = hf.get("first_warmup_s")
         lines.append(f"transformers ran as: {hf.get('name')}"
-                     + (f" (first warm-up, compile included: {warm:.0f} s; warm-ups "
-                        f"{hf.get('warmup_s', 0):.0f} s in all, never timed)" if warm else ""))
+                     + (f" (first warm-up{', compile included' if hf.get('cache') == 'static' else ''}"
+                        f": {warm:.0f} s; warm-ups {hf.get('warmup_s', 0):.0f} s in all, never "
+                        "timed)" if warm else ""))
     return "\n".join(lines)
 
 
