@@ -7,6 +7,11 @@ only and relinks (a second). Student and reference copies hash differently and n
 The kernel files (.cu) include no torch headers, which keeps their compile short; the
 torch-facing bindings (*_binding.cpp) change rarely and are compiled once per machine.
 `torch.utils.cpp_extension` supplies the include and library paths of the torch in use.
+
+Architectures: "80" (or "8.0", "sm_80") builds machine code for sm_80; "compute_75" builds PTX
+only, which the driver compiles for the GPU at load (how an sm_90 machine runs the build a T4
+would get). A stage whose `min_cc` is above the lowest target is left out of the library
+(parts.kernel_sources), and course/ops.py then takes the op from another stage.
 """
 from __future__ import annotations
 
@@ -92,12 +97,41 @@ def archs() -> list[str]:
     """Compute capabilities to build for: $TINYVLLM_CUDA_ARCHS, else the local GPU, else 80 and 90."""
     env = os.environ.get(ARCHS_ENV)
     if env:
-        return [a.strip().replace(".", "") for a in re.split(r"[;, ]+", env) if a.strip()]
+        return [normalize_arch(a) for a in re.split(r"[;, ]+", env) if a.strip()]
     import torch
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return [f"{major}{minor}"]
     return list(DEFAULT_ARCHS)
+
+
+def normalize_arch(text: str) -> str:
+    """'8.0', 'sm_80' and '80' -> '80' (machine code); 'compute_75' stays (PTX only)."""
+    m = re.fullmatch(r"(compute_|sm_)?(\d{1,2})\.?(\d)([af]?)", text.strip().lower())
+    if not m:
+        raise BuildError(f"{text!r} is not a CUDA architecture ({ARCHS_ENV}): write e.g. 80, 8.0, "
+                         "sm_80, or compute_75 for PTX that the driver compiles at load")
+    ptx, major, minor, suffix = m.groups()
+    return f"{'compute_' if ptx == 'compute_' else ''}{major}{minor}{suffix}"
+
+
+def arch_capability(arch: str) -> tuple[int, int]:
+    """'75' and 'compute_75' -> (7, 5); '90a' -> (9, 0); '120' -> (12, 0)."""
+    digits = re.match(r"\d+", normalize_arch(arch).removeprefix("compute_")).group()
+    return int(digits[:-1]), int(digits[-1])
+
+
+def target_capability(arch_list: list[str] | None = None) -> tuple[int, int]:
+    """The lowest capability built for: every kernel in the library must run there."""
+    return min(arch_capability(a) for a in (arch_list or archs()))
+
+
+def gencode(arch: str) -> str:
+    """nvcc's flag for one architecture: SASS for '80', PTX only for 'compute_75'."""
+    arch = normalize_arch(arch)
+    if arch.startswith("compute_"):
+        return f"-gencode=arch={arch},code={arch}"
+    return f"-gencode=arch=compute_{arch},code=sm_{arch}"
 
 
 def _compile_command(src: Path, obj: Path, arch_list: list[str]) -> list[str]:
@@ -107,8 +141,7 @@ def _compile_command(src: Path, obj: Path, arch_list: list[str]) -> list[str]:
         cmd = [str(cuda_home() / "bin" / "nvcc"), "-c", str(src), "-o", str(obj), "-std=c++17",
                "-O3", "-lineinfo", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                "-I", str(COMMON), *(f"-I{p}" for p in includes if "torch" not in p.parts)]
-        for a in arch_list:
-            cmd.append(f"-gencode=arch=compute_{a},code=sm_{a}")
+        cmd += [gencode(a) for a in arch_list]
         return cmd
     import torch
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -152,11 +185,11 @@ def compile_object(src: Path, arch_list: list[str]) -> Path:
 def compiler_errors(log: str, limit: int = 25) -> str:
     """The error lines of a compiler log (with a line of context each), not the whole log."""
     lines = log.splitlines()
-    keep: list[str] = []
+    rows: dict[int, None] = {}      # line numbers in order, each once (contexts overlap)
     for i, line in enumerate(lines):
         if re.search(r"\berror\b", line, re.IGNORECASE):
-            keep.extend(lines[i:i + 3])
-    keep = keep or lines[-limit:]
+            rows.update(dict.fromkeys(range(i, min(i + 3, len(lines)))))
+    keep = [lines[i] for i in rows] or lines[-limit:]
     cut = f"\n... ({len(keep) - limit} more lines)" if len(keep) > limit else ""
     return "\n".join(keep[:limit]) + cut
 
@@ -186,7 +219,7 @@ def link(objects: list[Path]) -> Path:
 
 def build(sources: list[Path], arch_list: list[str] | None = None) -> Path:
     """Compile every source (in parallel, cached) and link; return the shared library."""
-    arch_list = arch_list or archs()
+    arch_list = [normalize_arch(a) for a in arch_list] if arch_list else archs()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures = [pool.submit(compile_object, s, arch_list) for s in sources]
         errors, objects = [], []

@@ -38,6 +38,10 @@ class Stage:
     def number(self) -> int:
         return int(self.id)
 
+    def runs_on(self, capability: tuple[int, int]) -> bool:
+        """Whether its kernels build and run on a GPU (or a build target) of this capability."""
+        return self.min_cc is None or tuple(capability) >= parse_capability(self.min_cc)
+
     def solution_dir(self) -> Path:
         return ROOT / "solutions" / self.dir
 
@@ -46,6 +50,12 @@ class Stage:
 
     def tests_dir(self) -> Path:
         return self.skeleton_dir() / "tests"
+
+
+def parse_capability(text: str) -> tuple[int, int]:
+    """'8.0' -> (8, 0), '7.5' -> (7, 5), '9' -> (9, 0): a capability as stages.toml writes it."""
+    major, _, minor = text.strip().partition(".")
+    return int(major), int(minor or 0)
 
 
 @lru_cache(maxsize=1)

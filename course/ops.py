@@ -7,10 +7,15 @@ Each op lives in a module of a stage (`solutions/NN_name/<module>.py`, mirrored 
 student's copy); `get` loads it through the parts resolver, so grading stage NN runs the
 student's op of stage NN wherever the engine calls it. A later stage may provide a faster
 op under the same name (stage 12's tiled prefill attention replaces stage 07's): the first
-provider in the list whose stage is ready wins.
+provider in the list whose stage is ready, and whose kernels the library was built for, wins.
+A stage whose min_cc is above the build target (a T4, sm_75: no stage 12 or 14) is passed over
+with one line on stderr, e.g.
+
+    prefill_attention: stage 12 needs compute capability 8.0; the kernels are built for 7.5, so stage 07's is used
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from course import manifest, parts
@@ -31,16 +36,56 @@ OPS: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
     "paged_decode_attention": ("14", "paged_attention"),
 }
 
+# what the callers do when no stage provides an op here (said in the one line)
+WITHOUT = {
+    "paged_decode_attention": "the paged cache gathers its blocks for stage 09's decode_attention "
+                              "(solutions/13_paged_kv_cache/paged_cache.py)",
+}
+
+
+_said: set[str] = set()
+
+
+def build_target() -> tuple[int, int] | None:
+    """The compute capability the kernels are built for (course/build.py), None without torch."""
+    try:
+        from course import build
+        return build.target_capability()
+    except ImportError:
+        return None
+
 
 def provider(name: str) -> tuple[str, str]:
-    """(stage id, module) that provides op `name`: the first ready one of its providers."""
+    """(stage id, module) that provides op `name`: the first of its providers whose stage is
+    ready and whose kernels are built here (see the top)."""
     if name not in OPS:
         raise KeyError(f"no op named {name!r}; the ops are: {', '.join(sorted(OPS))}")
     choices = OPS[name] if isinstance(OPS[name], list) else [OPS[name]]
+    passed_over = ""
     for stage_id, module in choices:
-        if manifest.find(stage_id).ready:
-            return stage_id, module
+        stage = manifest.find(stage_id)
+        if not stage.ready:
+            continue
+        target = build_target() if stage.min_cc else None
+        if target is not None and not stage.runs_on(target):
+            passed_over = passed_over or (f"{name}: stage {stage.id} needs compute capability "
+                                          f"{stage.min_cc}; the kernels are built for "
+                                          f"{target[0]}.{target[1]}")
+            continue
+        if passed_over:
+            _say(f"{passed_over}, so stage {stage_id}'s is used")
+        return stage_id, module
+    if passed_over:
+        _say(f"{passed_over}, so {WITHOUT.get(name, 'no stage provides it here')}")
+        raise KeyError(f"{passed_over}, and no other stage provides it")
     raise KeyError(f"op {name!r} comes from stage {choices[-1][0]}, which is not available yet")
+
+
+def _say(line: str) -> None:
+    """Once per process: the engine asks for its ops again for every model it builds."""
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def get(name: str) -> Callable:

@@ -85,11 +85,16 @@ def _import(file: Path, stage_id: str, module: str) -> ModuleType:
     return mod
 
 
-def kernel_sources() -> list[Path]:
-    """Every CUDA/C++ source of every ready stage, resolved under the current selection."""
+def kernel_sources(arch_list: list[str] | None = None) -> list[Path]:
+    """Every CUDA/C++ source (kernels and bindings) of every ready stage whose kernels can run
+    on the architectures built for (default: build.archs(), the local GPU's), resolved under the
+    current selection. A stage whose min_cc is above them is left out: on a T4 (sm_75) the
+    library has no stage 12 or 14, and course/ops.py takes their ops from other stages."""
+    from course import build
+    target = build.target_capability(arch_list)
     sources = []
     for stage in manifest.stages():
-        if not stage.ready:
+        if not stage.ready or not stage.runs_on(target):
             continue
         for src in sorted(stage.solution_dir().glob("*")):
             if src.suffix in (".cu", ".cpp"):

@@ -9,8 +9,10 @@
     python3 -m grader reset NN           restore stage NN's skeleton (your files are backed up)
     python3 -m grader list               the stages, from the manifest
     python3 -m grader class DIR          grade every student directory under DIR
-    python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks
-    python3 -m grader compile-check      compile every kernel (solutions and skeletons), sm_80+sm_90
+    python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks,
+                                         and the sm_75 stages built as compute_75 PTX
+    python3 -m grader compile-check      compile every kernel (solutions and skeletons), sm_80+sm_90,
+                                         then sm_75 for the stages that claim it
 
 Exit status: 0 full marks, 1 anything less (failed, TODO, or not graded here), 2 bad usage.
 """
