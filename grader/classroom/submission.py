@@ -9,6 +9,7 @@ the stage folder or a part), stray bytecode and special files are reported, neve
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass, field
@@ -69,7 +70,12 @@ def read_parts(student: Student, stage: manifest.Stage) -> Parts:
         if why:
             found.problems.append(f"{stage.dir}/{part}: {why}")
             continue
-        found.files[part] = (folder / part).read_bytes()
+        data = (folder / part).read_bytes()
+        why = foreign_include(data) if part.endswith((".cu", ".cpp", ".h", ".cuh")) else ""
+        if why:
+            found.problems.append(f"{stage.dir}/{part}: {why}: rejected")
+            continue
+        found.files[part] = data
     found.problems += _strays(folder, stage)
     return found
 
@@ -86,6 +92,64 @@ def _unusable(path: Path) -> str:
     if st.st_size > MAX_PART_BYTES:
         return f"{st.st_size} bytes, over the {MAX_PART_BYTES >> 10} KiB limit: rejected"
     return ""
+
+
+_INCLUDE = re.compile(r"^[ \t]*#[ \t]*(include_next|include|import|embed)\b[ \t]*(.*)$", re.M)
+_HAS_INCLUDE = re.compile(r"__has_include(?:_next)?\s*\(\s*(.*?)\s*\)")
+
+
+def foreign_include(data: bytes) -> str:
+    """Why a kernel source reaches for a file outside the course's headers, or "".
+
+    A kernel may include system, toolkit and torch headers (`<cuda_bf16.h>`, `<cub/cub.cuh>`)
+    and the course's shared headers ("tvllm.h", "vec.cuh"), all by a plain relative name.
+    An absolute path or `..` (the reference's .cu, a classmate's, /dev/zero), a computed
+    include (`#include MACRO`), `#embed` and the assembler's `.incbin` are refused: with
+    bubblewrap such a path would not be there anyway, without it it would be read.
+    Line splices, comments and the `%:` digraph are undone first."""
+    text = data.decode("utf-8", errors="replace").replace("\\\r\n", "").replace("\\\n", "")
+    text = text.replace("%:", "#").replace("??=", "#")
+    operands = []
+    # as written and without comments: a comment cannot hide an include from both
+    for version in (text, _without_comments(text)):
+        operands += [(m.group(1), m.group(2).strip()) for m in _INCLUDE.finditer(version)]
+        operands += [("__has_include", m.group(1)) for m in _HAS_INCLUDE.finditer(version)]
+    if ".incbin" in text:
+        return "uses the assembler's .incbin (embeds a file)"
+    for kind, operand in operands:
+        if kind == "embed":
+            return "uses #embed (embeds a file)"
+        m = re.fullmatch(r'(?:"([^"]*)"|<([^>]*)>)\s*(?://.*|/\*.*)?', operand)
+        if not m:
+            return f"#{kind} {operand[:80]!r}: a computed include (only a literal name may be included)"
+        name = m.group(1) if m.group(1) is not None else m.group(2)
+        if name.startswith(("/", "\\", "~")) or ".." in re.split(r"[/\\]+", name):
+            return f"#{kind} {operand[:120]}: a path outside the course's headers"
+    return ""
+
+
+def _without_comments(text: str) -> str:
+    """C comments replaced by a space; string and character literals kept as they are."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            out.append(" ")
+            i = n if j < 0 else j + 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def _strays(folder: Path, stage: manifest.Stage) -> list[str]:
