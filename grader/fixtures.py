@@ -78,3 +78,44 @@ def load_tiny(directory: Path, variant: str, **overrides) -> SimpleNamespace:
     weights = parts.load("01", "checkpoint").load_weights(directory, config)
     return SimpleNamespace(variant=variant, directory=directory, hf=hf, config=config,
                            weights=weights)
+
+
+class Solo:
+    """The serving tests' oracle (stages 11 and 13): each prompt's greedy tokens run alone by
+    stage 09's generate_greedy, computed once for `max_new` tokens; a shorter max_tokens or
+    an eos id cuts that list (greedy decoding does not look ahead)."""
+
+    def __init__(self, model, max_new: int):
+        self.model, self.max_new, self.done = model, max_new, {}
+
+    def __call__(self, prompt, max_tokens, eos=()):
+        assert max_tokens <= self.max_new
+        key = tuple(prompt)
+        if key not in self.done:
+            from course import parts
+            gen = parts.load("09", "kv_cache").generate_greedy
+            self.done[key] = gen(self.model, list(prompt), self.max_new)
+        out = self.done[key][:max_tokens]
+        stop = next((i for i, t in enumerate(out) if t in eos), None)
+        return out if stop is None else out[: stop + 1]
+
+
+def drive(engine, arrivals, after_step=None):
+    """Run a serving engine until nothing is left; arrivals: {step: [(prompt, SamplingParams)]}
+    added before that step; after_step(engine, step) runs after every step (a test's
+    invariants). Returns (new tokens by request id, (prompt, params, finish reason) by id)."""
+    got, ids, step = {}, {}, 0
+    while engine.has_unfinished() or any(k >= step for k in arrivals):
+        for prompt, sp in arrivals.get(step, []):
+            rid = engine.add_request(prompt, sp)
+            ids[rid] = (prompt, sp)
+            got[rid] = []
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished and out.request_id in ids:
+                ids[out.request_id] = ids[out.request_id] + (out.finish_reason,)
+        if after_step is not None:
+            after_step(engine, step)
+        step += 1
+        assert step < 20_000, "the engine does not finish: a request is never scheduled?"
+    return got, ids

@@ -36,23 +36,11 @@ def params(**kw):
     return parts.load("11", "sampling_params").SamplingParams(**kw)
 
 
-class Solo:
-    """Each prompt's greedy tokens run alone (stage 09), computed once for MAX_NEW tokens: a
-    shorter max_tokens or an eos id cuts that list (greedy decoding does not look ahead)."""
-    MAX_NEW = 20
+MAX_NEW = 20   # tokens the solo oracle computes per prompt
 
-    def __init__(self, tiny):
-        self.model, self.done = new_model(tiny), {}
 
-    def __call__(self, prompt, max_tokens, eos=()):
-        assert max_tokens <= self.MAX_NEW
-        key = tuple(prompt)
-        if key not in self.done:
-            gen = parts.load("09", "kv_cache").generate_greedy
-            self.done[key] = gen(self.model, list(prompt), self.MAX_NEW)
-        out = self.done[key][:max_tokens]
-        stop = next((i for i, t in enumerate(out) if t in eos), None)
-        return out if stop is None else out[: stop + 1]
+def solo_oracle(tiny):
+    return fixtures.Solo(new_model(tiny), MAX_NEW)
 
 
 def check_invariants(engine, step: int) -> None:
@@ -78,23 +66,8 @@ def check_invariants(engine, step: int) -> None:
         assert not q.is_finished, f"{where}: finished sequence {q.seq_id} still running"
 
 
-def drive(engine, arrivals, check=True):
-    """Run the engine; arrivals: {step: [(prompt, SamplingParams)]}. Returns outputs by id."""
-    got, ids, step = {}, {}, 0
-    while engine.has_unfinished() or any(k >= step for k in arrivals):
-        for prompt, sp in arrivals.get(step, []):
-            rid = engine.add_request(prompt, sp)
-            ids[rid] = (prompt, sp)
-            got[rid] = []
-        for out in engine.step():
-            got.setdefault(out.request_id, []).extend(out.new_token_ids)
-            if out.finished and out.request_id in ids:
-                ids[out.request_id] = ids[out.request_id] + (out.finish_reason,)
-        if check:
-            check_invariants(engine, step)
-        step += 1
-        assert step < 20_000, "the engine does not finish: a request is never scheduled?"
-    return got, ids
+def drive(engine, arrivals):
+    return fixtures.drive(engine, arrivals, check_invariants)
 
 
 @pytest.mark.points(6)
@@ -116,7 +89,7 @@ def test_soak_many_requests_through_few_slots(tiny):
         sp = params(max_tokens=rng.randint(1, 12), ignore_eos=rng.random() < 0.2)
         arrivals.setdefault(rng.randrange(0, 400), []).append((prompt, sp))
     got, ids = drive(engine, arrivals)
-    solo = Solo(tiny)
+    solo = solo_oracle(tiny)
     for rid, (prompt, sp, reason) in ids.items():
         expected = solo(prompt, sp.max_tokens, () if sp.ignore_eos else eos)
         assert got[rid] == expected, (
@@ -137,7 +110,7 @@ def test_requests_join_while_others_decode(tiny):
         engine.step()
     b = engine.add_request([9, 10], params(max_tokens=4))
     got, _ = drive(engine, {})
-    solo = Solo(tiny)
+    solo = solo_oracle(tiny)
     assert got[b] == solo([9, 10], 4)
 
 
@@ -154,7 +127,7 @@ def test_abort_frees_the_slot_and_spares_the_others(tiny):
     while engine.has_unfinished():
         for out in engine.step():
             got[out.request_id] += out.new_token_ids
-    assert got[b] == Solo(tiny)([8, 9], 20)
+    assert got[b] == solo_oracle(tiny)([8, 9], 20)
     allocator = engine.scheduler.allocator
     assert len(allocator.free_slots) == allocator.num_slots
 
@@ -176,7 +149,7 @@ def test_bad_requests_are_refused_and_disturb_nobody(tiny, bad, needle):
     with pytest.raises((ValueError, IndexError), match=needle):
         engine.add_request(prompt, params(**bad) if bad else params())
     got, _ = drive(engine, {})
-    assert first + got.get(good, []) == Solo(tiny)([5, 6, 7], 6), (
+    assert first + got.get(good, []) == solo_oracle(tiny)([5, 6, 7], 6), (
         "a refused request must not change what the running ones produce")
 
 

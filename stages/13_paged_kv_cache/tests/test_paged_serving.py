@@ -50,21 +50,11 @@ def params(**kw):
     return parts.load("11", "sampling_params").SamplingParams(**kw)
 
 
-class Solo:
-    """Each prompt's greedy tokens run alone, computed once for MAX_NEW tokens."""
-    MAX_NEW = 16
+MAX_NEW = 16   # tokens the solo oracle computes per prompt
 
-    def __init__(self, tiny):
-        self.model, self.done = new_model(tiny), {}
 
-    def __call__(self, prompt, max_tokens, eos=()):
-        key = tuple(prompt)
-        if key not in self.done:
-            gen = parts.load("09", "kv_cache").generate_greedy
-            self.done[key] = gen(self.model, list(prompt), self.MAX_NEW)
-        out = self.done[key][:max_tokens]
-        stop = next((i for i, t in enumerate(out) if t in eos), None)
-        return out if stop is None else out[: stop + 1]
+def solo_oracle(tiny):
+    return fixtures.Solo(new_model(tiny), MAX_NEW)
 
 
 def audit(engine, where: str) -> None:
@@ -106,19 +96,7 @@ def audit(engine, where: str) -> None:
 
 
 def drive(engine, arrivals):
-    got, ids, step = {}, {}, 0
-    while engine.has_unfinished() or any(k >= step for k in arrivals):
-        for prompt, sp in arrivals.get(step, []):
-            rid = engine.add_request(prompt, sp)
-            ids[rid], got[rid] = (prompt, sp), []
-        for out in engine.step():
-            got.setdefault(out.request_id, []).extend(out.new_token_ids)
-            if out.finished:
-                ids[out.request_id] += (out.finish_reason,)
-        audit(engine, f"after step {step}")
-        step += 1
-        assert step < 20_000, "the engine does not finish: a request is never scheduled?"
-    return got, ids
+    return fixtures.drive(engine, arrivals, lambda e, step: audit(e, f"after step {step}"))
 
 
 @pytest.mark.points(6)
@@ -137,10 +115,10 @@ def test_soak_shared_prefixes_through_a_small_pool(tiny):
                         max_num_batched_tokens=32)
     arrivals: dict[int, list] = {}
     for _ in range(200):
-        sp = params(max_tokens=rng.randint(1, Solo.MAX_NEW), ignore_eos=rng.random() < 0.3)
+        sp = params(max_tokens=rng.randint(1, MAX_NEW), ignore_eos=rng.random() < 0.3)
         arrivals.setdefault(rng.randrange(0, 300), []).append((rng.choice(prompts), sp))
     got, ids = drive(engine, arrivals)
-    solo = Solo(tiny)
+    solo = solo_oracle(tiny)
     for rid, (prompt, sp, reason) in ids.items():
         expected = solo(prompt, sp.max_tokens, () if sp.ignore_eos else eos)
         assert got[rid] == expected, (
@@ -177,5 +155,5 @@ def test_a_shared_system_prompt_is_computed_once(tiny):
         f"b's first 12 tokens are a's 3 full blocks: cached, so its first step runs the "
         f"{len(b) - 12} others (seq_id, num_cached, num_scheduled) = (1, 12, {len(b) - 12}); "
         f"got {steps[0]}")
-    solo = Solo(tiny)
+    solo = solo_oracle(tiny)
     assert got[0] == solo(a, 4) and more[1] == solo(b, 4)
