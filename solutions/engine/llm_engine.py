@@ -27,7 +27,7 @@ from solutions.engine.model_runner import EngineConfig, ModelRunner
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
 _sequence = parts.load("11", "sequence")
-Sequence, SequenceStatus = _sequence.Sequence, _sequence.SequenceStatus
+Sequence = _sequence.Sequence
 # Stands for a token sampled on the GPU that the host has not seen yet (never a real id).
 PLACEHOLDER = -1
 _sched = parts.load("11", "scheduler")
@@ -124,13 +124,15 @@ class LLMEngine:
         one, whose input ids are the running step's samples, still on the device: the host
         puts a placeholder in each sequence and the real token replaces it when it arrives.
         So the GPU never waits for the host's scheduling and bookkeeping. The next step is
-        queued this way only when it is sure to be a decode of the same sequences (nothing
-        waiting, room in the context); a sequence that turns out to have stopped had one row
-        of wasted work, whose sample is dropped."""
+        queued this way only when it is sure to be a decode of the running sequences
+        (nothing waiting, room in the context, each of them in the step in flight; those of
+        that step that finished meanwhile are left out, so a request ending does not stall
+        the GPU); a sequence that turns out to have stopped had one row of wasted work, whose
+        sample is dropped."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None and self._can_run_ahead(inflight):
             seqs, tokens, _ = inflight
-            for seq in seqs:
+            for seq in self.scheduler.running:
                 seq.complete_step(PLACEHOLDER)
             upcoming = self.scheduler.schedule()   # empty if the pool preempted everyone
             if upcoming:
@@ -145,11 +147,14 @@ class LLMEngine:
         return outputs
 
     def _can_run_ahead(self, inflight) -> bool:
+        """Whether the next step is surely a decode of the running sequences, each of which
+        is in the step in flight (whose sequences that finished since are simply left out)."""
         seqs, _, decode = inflight
-        return (decode and not self.scheduler.waiting
-                and len(seqs) == len(self.scheduler.running)
-                and all(seq.status is SequenceStatus.RUNNING
-                        and seq.num_tokens < self.max_model_len for seq in seqs))
+        if not decode or self.scheduler.waiting:
+            return False
+        in_flight = {id(seq) for seq in seqs}
+        return all(id(seq) in in_flight and seq.num_tokens < self.max_model_len
+                   for seq in self.scheduler.running)
 
     def _collect(self, seqs, tokens: list[int], ahead: bool = False) -> list[RequestOutput]:
         """The tokens of a finished step: ahead, each sequence's placeholder becomes its real

@@ -174,6 +174,6 @@ class ModelRunner:
             rows = meta.last_rows
         logits = model.compute_logits(hidden, rows)
         st = sampler.SamplingTensors.from_params([s.params for s in seqs],
-                                                 [len(s.output_ids) for s in seqs], model.device)
+                                                 [s.num_tokens - s.num_prompt_tokens for s in seqs], model.device)
         return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
                               needs_filter=st.needs_filter, all_greedy=st.all_greedy)
