@@ -361,9 +361,14 @@ def _stage_op(ops: Ops, stage: str, module: str, name: str) -> tuple[Callable | 
     """Op `name` of one given stage's module (not the op table's choice), or why not."""
     if ops.build_error:
         return None, f"error: {ops.build_error}"
-    from course import manifest, parts
-    if not manifest.find(stage).ready:
+    from course import manifest, ops as op_table, parts
+    found = manifest.find(stage)
+    if not found.ready:
         return None, f"skipped: stage {stage} is not available yet"
+    target = op_table.build_target() if found.min_cc else None
+    if target is not None and not found.runs_on(target):
+        return None, (f"skipped: stage {stage} needs compute capability {found.min_cc}; the "
+                      f"kernels are built for {target[0]}.{target[1]}")
     try:
         return getattr(parts.load(stage, module), name), None
     except Exception as e:  # a broken module is its rows' error

@@ -111,6 +111,20 @@ def test_the_op_table_passes_over_sm80_stages_with_one_line(target, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_kernel_benchmark_skips_stage_12_rows_on_a_t4_build(target):
+    from bench import cases
+
+    class Built:
+        build_error = None
+    target("75")
+    fn, why = cases._stage_op(Built(), "12", "flash_attention", "prefill_attention")
+    assert fn is None and why == ("skipped: stage 12 needs compute capability 8.0; the kernels "
+                                  "are built for 7.5")
+    target("80")
+    fn, why = cases._stage_op(Built(), "12", "flash_attention", "prefill_attention")
+    assert why is None and callable(fn)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return fixtures.load_tiny(tmp_path_factory.mktemp("gqa"), "gqa_tied")
