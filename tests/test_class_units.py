@@ -150,3 +150,22 @@ def test_a_fifo_include_is_a_compile_failure_not_a_hang(tmp_path):
     assert status.startswith("FAILED") and "pipe.h" in status, status
     assert time.time() - start < 150
     grade.remove(ws)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA toolkit")
+def test_a_stage_above_the_gpu_is_compiled_for_the_capability_it_needs(tmp_path, monkeypatch):
+    """Stage 14 (cp.async: sm_80) graded on a T4 class machine: the student's kernel is
+    compiled for 8.0, so it builds and its compile errors still show (an sm_75 build of the
+    reference fails in ptxas)."""
+    from course import build
+    monkeypatch.setenv(build.ARCHS_ENV, "75")
+    stage = manifest.find("14")
+    ws = tmp_path / "ws"
+    files = {p: (stage.solution_dir() / p).read_bytes() for p in stage.parts}
+    root = submission.write_student(ws / "student", stage, files)
+    course = submission.write_worker_root(ws / "course", stage)
+    (ws / "shared").mkdir()
+    status = grade.compile_parts(stage, root, course, ws / "shared",
+                                 grade.Settings(compile_timeout=300))
+    assert status == "ok", status
+    grade.remove(ws)
