@@ -169,3 +169,26 @@ def test_a_stage_above_the_gpu_is_compiled_for_the_capability_it_needs(tmp_path,
                                  grade.Settings(compile_timeout=300))
     assert status == "ok", status
     grade.remove(ws)
+
+
+def test_address_space_limit_only_without_a_gpu(monkeypatch):
+    """CUDA maps the GPU's memory into the process: under RLIMIT_AS no CUDA process starts
+    (seen on the H200 as "can't start new thread"), so none is set where a GPU is."""
+    import functools
+    import resource
+    probe = [sys.executable, "-c",
+             "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"]
+
+    def child_limit(limits) -> int:
+        out = subprocess.run(probe, capture_output=True, text=True, check=True,
+                             preexec_fn=functools.partial(sandbox._limit, limits)).stdout
+        return int(out)
+    assert child_limit(sandbox.Limits(memory_bytes=8 << 30)) == 8 << 30
+    assert child_limit(sandbox.Limits(memory_bytes=None)) == resource.getrlimit(
+        resource.RLIMIT_AS)[0]
+    monkeypatch.setattr(sandbox.Path, "glob",
+                        lambda self, pattern: iter([Path("/dev/nvidia0")]))
+    assert sandbox.Limits().memory_bytes is None
+    monkeypatch.undo()
+    assert sandbox.Limits().memory_bytes == (16 << 30 if not list(Path("/dev").glob(
+        "nvidia[0-9]*")) else None)

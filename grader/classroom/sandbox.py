@@ -26,11 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def _address_space_limit() -> int | None:
+    """RLIMIT_AS for a student's processes: 16 GiB (torch reserves a lot of address space),
+    or none on a machine with an NVIDIA GPU: CUDA maps the device's memory and the host's
+    into one address space, far past any such limit, so with one no CUDA process starts (it
+    fails as "can't start new thread"). There the sandbox's other limits and the per-test and
+    per-student time limits remain; memory is then bounded only by the machine."""
+    return None if any(Path("/dev").glob("nvidia[0-9]*")) else 16 << 30
+
+
 @dataclass
 class Limits:
     cpu_seconds: int = 900            # RLIMIT_CPU: a busy loop ends even if the wall clock is off
     file_bytes: int = 512 << 20       # RLIMIT_FSIZE: no multi-GB output files
-    memory_bytes: int = 16 << 30      # RLIMIT_AS: torch reserves a lot of address space
+    memory_bytes: int | None = field(default_factory=_address_space_limit)   # RLIMIT_AS
 
 
 @dataclass
@@ -136,7 +145,8 @@ def _limit(limits: Limits) -> None:
     for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
                         (resource.RLIMIT_FSIZE, limits.file_bytes),
                         (resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_CORE, 0)):
-        resource.setrlimit(what, (value, value))
+        if value is not None:
+            resource.setrlimit(what, (value, value))
 
 
 def popen(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str],
