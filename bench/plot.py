@@ -8,8 +8,8 @@ several calls) are plotted together, each plot from the first file that has its 
   sweep.png     decode sweep: output tokens/s against batch size, ours and transformers (log
                 scales), each point's ratio written beside it;
   kernels.png   the kernel table: each kernel's share of the measured ceiling, ours and torch
-                (memory-bound ops: share of the 1 GiB copy's bandwidth; FLOP-bound ops at large
-                sizes read low there, and are labelled with their TFLOP/s).
+                (a roofline of the run: the 1 GiB copy's bandwidth and the fastest GEMM's
+                TFLOP/s; see kernel_series), FLOP-bound rows labelled with their TFLOP/s.
 The data of each plot comes from sweep_series / kernel_series (plain lists, tested without
 drawing). matplotlib is imported only to draw.
 """
@@ -40,19 +40,36 @@ def sweep_series(doc: dict) -> dict | None:
 
 
 def kernel_series(doc: dict) -> dict | None:
-    """{"label": [...], "ours": [% of copy bw or None], "torch": [...], "note": [...]} of the
-    document's kernel table, or None without one."""
+    """{"label": [...], "ours": [% of the ceiling or None], "torch": [...], "note": [...]} of
+    the document's kernel table, or None without one.
+
+    The ceiling is a roofline measured in the same run: a kernel can take no less time than
+    its bytes over the copy bandwidth, nor than its FLOPs over the fastest matrix product
+    measured (cuBLAS's best row, ours or torch's); its share is that least time over its
+    time. So a memory-bound op reads as a share of the copy bandwidth, a FLOP-bound one (a
+    large GEMM, prefill attention) as a share of the best GEMM, and 100% is the limit."""
     kernels = doc.get("kernels")
     if not kernels or not kernels.get("rows"):
         return None
-    out: dict = {"label": [], "ours": [], "torch": [], "note": [],
-                 "copy_GBps": kernels.get("copy_bandwidth_GBps"),
+    rows = kernels["rows"]
+    peak = max(((r.get(side) or {}).get("TFLOPS") or 0.0 for r in rows if r.get("flops")
+                for side in ("ours", "torch")), default=0.0)
+    copy = kernels.get("copy_bandwidth_GBps")
+    out: dict = {"label": [], "ours": [], "torch": [], "note": [], "copy_GBps": copy,
+                 "peak_TFLOPS": peak or None,
                  "gpu": (doc.get("environment") or {}).get("gpu")}
-    for r in kernels["rows"]:
+
+    def share(r: dict, timing: dict) -> float | None:
+        if not timing.get("median_us") or not copy:
+            return None
+        least_s = max(r.get("bytes", 0) / (copy * 1e9),
+                      (r.get("flops") or 0) / (peak * 1e12) if peak else 0.0)
+        return 100.0 * least_s / (timing["median_us"] * 1e-6)
+    for r in rows:
         o, t = r.get("ours") or {}, r.get("torch") or {}
         out["label"].append(f"{r['kernel']} T={r['tokens']}")
-        out["ours"].append(o.get("pct_copy_bw"))
-        out["torch"].append(t.get("pct_copy_bw"))
+        out["ours"].append(share(r, o))
+        out["torch"].append(share(r, t))
         note = f"{o['TFLOPS']:.0f} TFLOP/s" if r.get("flops") and o.get("TFLOPS") else ""
         out["note"].append(note if r.get("status") == "ok" else r.get("status", "")[:30])
     return out
@@ -108,8 +125,11 @@ def plot_kernels(series: dict, path: Path) -> Path:
     ax.axvline(100, color="black", linewidth=0.8)
     ax.set_yticks(ys, series["label"], fontsize=7)
     ax.invert_yaxis()
-    copy = f" ({series['copy_GBps']:.0f} GB/s)" if series.get("copy_GBps") else ""
-    ax.set_xlabel(f"% of the measured copy bandwidth{copy}")
+    ceiling = [f"{series['copy_GBps']:.0f} GB/s copy" if series.get("copy_GBps") else "",
+               f"{series['peak_TFLOPS']:.0f} TFLOP/s best GEMM"
+               if series.get("peak_TFLOPS") else ""]
+    ax.set_xlabel("% of the roofline measured in the run ("
+                  + ", ".join(c for c in ceiling if c) + ")")
     ax.set_title("Kernels: share of the measured ceiling"
                  + (f" ({series['gpu']})" if series.get("gpu") else ""), fontsize=10)
     ax.legend(fontsize=8, loc="lower right")

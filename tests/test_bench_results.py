@@ -36,7 +36,7 @@ def synthetic_document() -> dict:
          "ours": {"median_us": 14.0, "GBps": 2400.0, "pct_copy_bw": 56.0},
          "torch": {"median_us": 125.0, "GBps": 268.0, "pct_copy_bw": 6.3},
          "pct_of_same_bytes_copy": 111.0, "speedup": 8.9},
-        {"kernel": "linear 2048->8192", "tokens": "4096", "bytes": 10**8, "flops": 1.4e14,
+        {"kernel": "linear 2048->8192", "tokens": "4096", "bytes": 10**8, "flops": 1.374e11,
          "status": "ok", "ours": {"median_us": 184.0, "TFLOPS": 747.0, "pct_copy_bw": 15.0},
          "torch": {"median_us": 186.0, "TFLOPS": 739.0, "pct_copy_bw": 14.8},
          "pct_of_same_bytes_copy": 17.0, "speedup": 1.01},
@@ -130,7 +130,12 @@ def test_plot_from_written_json(tmp_path):
     assert series["batch"] == list(SWEEP)
     assert series["ours"][0] == pytest.approx(128 / 0.201)
     kseries = plot.kernel_series(results.read(path))
-    assert kseries["ours"] == [56.0, 15.0, None] and kseries["note"][1] == "747 TFLOP/s"
+    # the roofline of the run: 4280 GB/s, and 747 TFLOP/s (the best GEMM row, ours)
+    assert kseries["peak_TFLOPS"] == 747.0 and kseries["note"][1] == "747 TFLOP/s"
+    assert kseries["ours"][0] == pytest.approx(100 * 33554432 / 4280e9 / 14e-6)   # bytes-bound
+    assert kseries["ours"][1] == pytest.approx(100 * 1.374e11 / 747e12 / 184e-6)  # FLOP-bound
+    assert kseries["torch"][1] == pytest.approx(100 * 1.374e11 / 747e12 / 186e-6)
+    assert kseries["ours"][2] is None
     assert plot.main([str(path), "--out", str(tmp_path / "png")]) == 0
     for name in ("sweep.png", "kernels.png"):
         png = (tmp_path / "png" / name).read_bytes()
