@@ -130,8 +130,10 @@ def verify(session: nox.Session) -> None:
 def class_corpus(session: nox.Session) -> None:
     """Grade every hostile submission of tests/hostile/ as one class, beside an honest student
     and a skeleton (slow: CI runs a slice of it in `tests`). Needs bubblewrap for the cases
-    only a sandbox can stop. (TINYVLLM_FULL_CORPUS=1 python3 -m pytest tests/test_class_*.py)"""
+    only a sandbox can stop; the GPU class (tests/hostile/gpu_class.py) runs in CPU mode here and
+    on a GPU in `grader verify`. (TINYVLLM_FULL_CORPUS=1 python3 -m pytest tests/test_class_*.py)"""
     session.run(_python(session), "-m", "pytest", "tests/test_class_corpus.py",
-                "tests/test_class_units.py", *session.posargs, external=True,
+                "tests/test_class_units.py", "tests/test_class_gpu.py", *session.posargs,
+                external=True,
                 env={"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
                      "TINYVLLM_FULL_CORPUS": "1"})
