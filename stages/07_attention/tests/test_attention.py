@@ -64,6 +64,25 @@ def sdpa_oracle(q, k, v, bounds: list[int], scale: float, kv_of_head: list[int] 
     return out
 
 
+def unnormalized_oracle(q, k, v, bounds: list[int], scale: float) -> torch.Tensor:
+    """The classic mistake: softmax's numerator without its denominator, sum_j e^(s_j - m) v_j
+    (never divided by the row sum) -> [T, n_heads, d] float32."""
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    index = torch.tensor([h // (n_heads // n_kv) for h in range(n_heads)], device=q.device)
+    k, v = k.index_select(1, index), v.index_select(1, index)
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for start, end in zip(bounds, bounds[1:]):
+        if end > start:
+            qs, ks, vs = (t[start:end].float().transpose(0, 1) for t in (q, k, v))
+            s = scale * qs @ ks.transpose(1, 2)
+            n = end - start
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1),
+                              float("-inf"))
+            p = torch.exp(s - s.amax(-1, keepdim=True))
+            out[start:end] = (p @ vs).transpose(0, 1)
+    return out
+
+
 def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
     atol, rtol = checks.TOLERANCES[torch.bfloat16]
     g, e = got.float(), expected.float()
@@ -92,6 +111,10 @@ def likely_cause(got, q, k, v, bounds: list[int], scale: float) -> str:
         wrong = sdpa_oracle(q, k, v, args.pop("bounds"), args.pop("scale"), **args)
         if not _close(wrong, right) and _close(got, wrong):
             return hint
+    unnormalized = unnormalized_oracle(q, k, v, bounds, scale)
+    if not _close(unnormalized, right) and _close(got, unnormalized):
+        return ("the output was never divided by the row sum: softmax is e^(s - m) / sum_j "
+                "e^(s_j - m); divide each row of P @ V by its sum once, at the end")
     if got.isnan().any() and not got.isnan().all():
         return ("NaN where the poison was overwritten: exp of an unmasked -inf - -inf, 0 * NaN "
                 "from unloaded (garbage) K/V rows past the sequence end, or 0/0 in the final "
@@ -170,6 +193,25 @@ def test_other_head_dims(seed, d):
     """The generic path: any head_dim that is a multiple of 8, up to 128 (tiny test models)."""
     q, k, v, cu = make_inputs(checks.generator("cuda", seed), [5, 130, 1], 6, 2, d)
     run_and_check(q, k, v, cu, d ** -0.5, f"head_dim {d}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_repeatable(seed, d):
+    """The same inputs give bitwise the same output, run after run: this kernel adds in a
+    fixed order, so a difference can only be a race on shared memory (P is written over K's
+    tile, and the next tile over P and V)."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [1000, 129], 32, 8, d)
+    runs = [attention_op().prefill_attention(q, k, v, cu, d ** -0.5) for _ in range(5)]
+    torch.cuda.synchronize()
+    for i, again in enumerate(runs[1:], 2):
+        differ = int((again.view(torch.int16) != runs[0].view(torch.int16)).sum())
+        assert differ == 0, (
+            f"run {i} of the same inputs differs from run 1 in {differ} of {again.numel()} "
+            "values\n  likely cause: a race: a missing __syncthreads(): after the K tile is "
+            "loaded (before any thread reads it), after every score is in registers (before "
+            "P is written over K's shared memory), after P is written (before P @ V), and at "
+            "the end of the key loop (before the next tile overwrites P and V)")
 
 
 @pytest.mark.gpu
