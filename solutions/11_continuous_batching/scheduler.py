@@ -167,9 +167,11 @@ class Scheduler:
         i = 0
         while i < len(self.running):           # oldest first; victims are taken from the end
             seq = self.running[i]
-            while not self.allocator.can_append(seq) and self.running[-1] is not seq:
+            room = self.allocator.can_append(seq)
+            while not room and self.running[-1] is not seq:
                 self.preempt(self.running[-1])
-            if not self.allocator.can_append(seq):
+                room = self.allocator.can_append(seq)
+            if not room:
                 self.preempt(seq)                  # the newest itself: nothing left to free
                 break
             self.allocator.append(seq)

@@ -150,11 +150,17 @@ class LLMEngine:
         """Whether the next step is surely a decode of the running sequences, each of which
         is in the step in flight (whose sequences that finished since are simply left out)."""
         seqs, _, decode = inflight
+        running = self.scheduler.running
         if not decode or self.scheduler.waiting:
             return False
+        max_len = self.max_model_len
+        if not all(len(seq.token_ids) < max_len for seq in running):
+            return False
+        # running keeps the step's order, less the finished: most steps, the same list
+        if len(running) == len(seqs) and all(a is b for a, b in zip(running, seqs)):
+            return True
         in_flight = {id(seq) for seq in seqs}
-        return all(id(seq) in in_flight and seq.num_tokens < self.max_model_len
-                   for seq in self.scheduler.running)
+        return all(id(seq) in in_flight for seq in running)
 
     def _collect(self, seqs, tokens: list[int], ahead: bool = False) -> list[RequestOutput]:
         """The tokens of a finished step: ahead, each sequence's placeholder becomes its real
@@ -178,10 +184,11 @@ class LLMEngine:
         if req.detokenizer is not None:
             req.text += req.detokenizer.push(token)
         reason = req.checker.check(token, req.text)
-        if reason is None and seq.num_tokens > self.max_model_len:
+        if reason is None and len(seq.token_ids) > self.max_model_len:
             reason = "context"   # its next token would need a position past the context
         if reason is None:
-            safe = req.checker.safe_text(req.text, finished=False)
+            # no text (token ids only) has nothing to hold back
+            safe = req.checker.safe_text(req.text, finished=False) if req.text else ""
         else:
             safe = req.final_text()
             self.scheduler.finish(seq, reason)

@@ -161,10 +161,13 @@ class ModelRunner:
         if plan.decode:
             ids_device = None
             if previous is not None:
-                row = {id(s): i for i, s in enumerate(previous[0])}
-                index = [row[id(s)] for s in seqs]
-                ids_device = previous[1][: len(seqs)] if index == list(range(len(seqs))) \
-                    else previous[1][_kv.to_device(index, torch.int64, model.device)]
+                before, sampled = previous
+                if len(before) >= len(seqs) and all(a is b for a, b in zip(seqs, before)):
+                    ids_device = sampled[: len(seqs)]    # the same rows, maybe fewer at the end
+                else:
+                    row = {id(s): i for i, s in enumerate(before)}
+                    index = [row[id(s)] for s in seqs]
+                    ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
             rows = self.decoder.rows[: len(seqs)]
         else:
@@ -174,6 +177,6 @@ class ModelRunner:
             rows = meta.last_rows
         logits = model.compute_logits(hidden, rows)
         st = sampler.SamplingTensors.from_params([s.params for s in seqs],
-                                                 [s.num_tokens - s.num_prompt_tokens for s in seqs], model.device)
+                                                 [len(s.token_ids) - len(s.prompt_ids) for s in seqs], model.device)
         return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
                               needs_filter=st.needs_filter, all_greedy=st.all_greedy)

@@ -143,8 +143,8 @@ class Scheduler:
         c = self.config
         budget = c.max_num_batched_tokens
         batch: list[Sequence] = []
-        # TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 33 lines)
-        raise NotImplementedError("TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 33 lines)")
+        # TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 35 lines)
+        raise NotImplementedError("TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 35 lines)")
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's cache and queue it first: it is prefilled again (prompt
