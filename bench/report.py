@@ -155,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python3 -m bench.report FILE.json [FILE.json ...]")
         return 2
     for path in paths:
-        print(summary(results.read(path)) + "\n")
+        try:
+            doc = results.read(path)
+        except (OSError, ValueError) as e:   # a missing file, or not the JSON of a run
+            print(f"bench.report: {e}" if str(path) in str(e) else f"bench.report: {path}: {e}")
+            return 2
+        print(summary(doc) + "\n")
     return 0
 
 

@@ -222,6 +222,8 @@ def write(path: str | Path, doc: dict) -> Path:
 def read(path: str | Path) -> dict:
     """A result document from path; ValueError (saying what) if it is not one."""
     doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: a result document is a JSON object, not {type(doc).__name__}")
     bad = problems(doc)
     if bad:
         raise ValueError(f"{path}: " + "; ".join(bad))

@@ -149,3 +149,15 @@ def test_plot_refuses_what_it_cannot_draw(tmp_path, capsys):
     assert "nothing to plot" in capsys.readouterr().out
     (tmp_path / "junk.json").write_text("{}")
     assert plot.main([str(tmp_path / "junk.json")]) == 1
+
+
+def test_report_says_what_is_wrong_with_a_file(tmp_path, capsys):
+    from bench import report
+    (tmp_path / "bad.json").write_text("{bad")
+    assert report.main([str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().out
+    assert report.main([str(tmp_path / "bad.json")]) == 2
+    assert "bad.json" in capsys.readouterr().out
+    (tmp_path / "list.json").write_text("[1]")
+    assert report.main([str(tmp_path / "list.json")]) == 2
+    assert "a JSON object, not list" in capsys.readouterr().out
