@@ -365,10 +365,9 @@ def _stage_op(ops: Ops, stage: str, module: str, name: str) -> tuple[Callable | 
     found = manifest.find(stage)
     if not found.ready:
         return None, f"skipped: stage {stage} is not available yet"
-    target = op_table.build_target() if found.min_cc else None
-    if target is not None and not found.runs_on(target):
-        return None, (f"skipped: stage {stage} needs compute capability {found.min_cc}; the "
-                      f"kernels are built for {target[0]}.{target[1]}")
+    why = op_table.not_built_here(found)
+    if why:
+        return None, f"skipped: {why}"
     try:
         return getattr(parts.load(stage, module), name), None
     except Exception as e:  # a broken module is its rows' error

@@ -55,6 +55,16 @@ def build_target() -> tuple[int, int] | None:
         return None
 
 
+def not_built_here(stage: manifest.Stage) -> str | None:
+    """Why the kernel library holds none of this stage's kernels ("stage 12 needs compute
+    capability 8.0; the kernels are built for 7.5"), or None when it holds them."""
+    target = build_target() if stage.min_cc else None
+    if target is None or stage.runs_on(target):
+        return None
+    return (f"stage {stage.id} needs compute capability {stage.min_cc}; the kernels are built "
+            f"for {target[0]}.{target[1]}")
+
+
 def provider(name: str) -> tuple[str, str]:
     """(stage id, module) that provides op `name`: the first of its providers whose stage is
     ready and whose kernels are built here (see the top)."""
@@ -66,11 +76,9 @@ def provider(name: str) -> tuple[str, str]:
         stage = manifest.find(stage_id)
         if not stage.ready:
             continue
-        target = build_target() if stage.min_cc else None
-        if target is not None and not stage.runs_on(target):
-            passed_over = passed_over or (f"{name}: stage {stage.id} needs compute capability "
-                                          f"{stage.min_cc}; the kernels are built for "
-                                          f"{target[0]}.{target[1]}")
+        why = not_built_here(stage)
+        if why:
+            passed_over = passed_over or f"{name}: {why}"
             continue
         if passed_over:
             _say(f"{passed_over}, so stage {stage_id}'s is used")
