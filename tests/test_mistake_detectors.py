@@ -33,7 +33,7 @@ def test_stage_07_names_an_output_never_divided_by_the_row_sum():
     t07 = _stage_test("07", "test_attention.py")
     q, k, v, bounds = _inputs([40, 17], 8, 2, 64)
     scale = 64 ** -0.5
-    wrong = t07.unnormalized_oracle(q, k, v, bounds, scale).bfloat16()
+    wrong = t07.sdpa_oracle(q, k, v, bounds, scale, normalized=False).bfloat16()
     assert "never divided by the row sum" in t07.likely_cause(wrong, q, k, v, bounds, scale)
     right = t07.sdpa_oracle(q, k, v, bounds, scale).bfloat16()
     assert "row sum" not in t07.likely_cause(right, q, k, v, bounds, scale)

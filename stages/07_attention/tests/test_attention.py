@@ -48,8 +48,12 @@ def make_inputs(gen: torch.Generator, lens: list[int], n_heads: int, n_kv: int, 
 
 
 def sdpa_oracle(q, k, v, bounds: list[int], scale: float, kv_of_head: list[int] | None = None,
-                causal: bool = True) -> torch.Tensor:
-    """F.scaled_dot_product_attention per sequence in float32 -> [T, n_heads, d] float32."""
+                causal: bool = True, normalized: bool = True) -> torch.Tensor:
+    """F.scaled_dot_product_attention per sequence in float32 -> [T, n_heads, d] float32.
+
+    The keyword arguments replay mistakes: kv_of_head another head mapping, causal=False no
+    mask, normalized=False softmax's numerator alone, sum_j e^(s_j - m) v_j (never divided
+    by the row sum)."""
     n_heads, n_kv = q.shape[1], k.shape[1]
     if kv_of_head is None:
         kv_of_head = [h // (n_heads // n_kv) for h in range(n_heads)]
@@ -59,27 +63,16 @@ def sdpa_oracle(q, k, v, bounds: list[int], scale: float, kv_of_head: list[int] 
     for start, end in zip(bounds, bounds[1:]):
         if end > start:
             qs, ks, vs = (t[start:end].float().transpose(0, 1) for t in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+            if normalized:
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=scale)
+            else:
+                s = scale * qs @ ks.transpose(1, 2)
+                n = end - start
+                if causal:
+                    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool,
+                                                 device=q.device).triu(1), float("-inf"))
+                o = torch.exp(s - s.amax(-1, keepdim=True)) @ vs
             out[start:end] = o.transpose(0, 1)
-    return out
-
-
-def unnormalized_oracle(q, k, v, bounds: list[int], scale: float) -> torch.Tensor:
-    """The classic mistake: softmax's numerator without its denominator, sum_j e^(s_j - m) v_j
-    (never divided by the row sum) -> [T, n_heads, d] float32."""
-    n_heads, n_kv = q.shape[1], k.shape[1]
-    index = torch.tensor([h // (n_heads // n_kv) for h in range(n_heads)], device=q.device)
-    k, v = k.index_select(1, index), v.index_select(1, index)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for start, end in zip(bounds, bounds[1:]):
-        if end > start:
-            qs, ks, vs = (t[start:end].float().transpose(0, 1) for t in (q, k, v))
-            s = scale * qs @ ks.transpose(1, 2)
-            n = end - start
-            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1),
-                              float("-inf"))
-            p = torch.exp(s - s.amax(-1, keepdim=True))
-            out[start:end] = (p @ vs).transpose(0, 1)
     return out
 
 
@@ -105,16 +98,15 @@ def likely_cause(got, q, k, v, bounds: list[int], scale: float) -> str:
          "the causal mask is missing: query t may only see keys j <= t of its sequence"),
         (dict(scale=1.0),
          "the scores must be multiplied by `scale` (1/sqrt(head_dim)) before the softmax"),
+        (dict(normalized=False),
+         "the output was never divided by the row sum: softmax is e^(s - m) / sum_j "
+         "e^(s_j - m); divide each row of P @ V by its sum once, at the end"),
     ]
     for change, hint in mistakes:
         args = dict(bounds=bounds, scale=scale) | change
         wrong = sdpa_oracle(q, k, v, args.pop("bounds"), args.pop("scale"), **args)
         if not _close(wrong, right) and _close(got, wrong):
             return hint
-    unnormalized = unnormalized_oracle(q, k, v, bounds, scale)
-    if not _close(unnormalized, right) and _close(got, unnormalized):
-        return ("the output was never divided by the row sum: softmax is e^(s - m) / sum_j "
-                "e^(s_j - m); divide each row of P @ V by its sum once, at the end")
     if got.isnan().any() and not got.isnan().all():
         return ("NaN where the poison was overwritten: exp of an unmasked -inf - -inf, 0 * NaN "
                 "from unloaded (garbage) K/V rows past the sequence end, or 0/0 in the final "
