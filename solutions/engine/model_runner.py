@@ -176,7 +176,8 @@ class ModelRunner:
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
             rows = meta.last_rows
         logits = model.compute_logits(hidden, rows)
-        st = sampler.SamplingTensors.from_params([s.params for s in seqs],
-                                                 [len(s.token_ids) - len(s.prompt_ids) for s in seqs], model.device)
+        generated = [len(s.token_ids) - len(s.prompt_ids) for s in seqs]
+        st = sampler.SamplingTensors.from_params([s.params for s in seqs], generated,
+                                                 model.device)
         return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
                               needs_filter=st.needs_filter, all_greedy=st.all_greedy)
