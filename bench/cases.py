@@ -269,22 +269,30 @@ def argmax_cases(ops: Ops) -> Iterator[Case]:
 
 
 def linear_cases(ops: Ops) -> Iterator[Case]:
+    """The MLP's up projection and the lm_head at 1 and 4096 tokens, and every other decode
+    projection at 1 token (where stage 06's GEMV runs and torch runs cuBLAS)."""
     fn, why = ops.get("linear")
-    for name, n_out in ((f"linear {HIDDEN}->{INTER}", INTER),
-                        (f"lm_head {HIDDEN}->{VOCAB}", VOCAB)):
-        for T in TOKENS:
-            def make_set(g, T=T, n_out=n_out):
+    qkv = (N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM
+    shapes = [(f"linear {HIDDEN}->{INTER}", HIDDEN, INTER, TOKENS),
+              (f"lm_head {HIDDEN}->{VOCAB}", HIDDEN, VOCAB, TOKENS),
+              (f"qkv {HIDDEN}->{qkv}", HIDDEN, qkv, (1,)),
+              (f"o_proj {HIDDEN}->{HIDDEN}", HIDDEN, HIDDEN, (1,)),
+              (f"gate_up {HIDDEN}->{2 * INTER}", HIDDEN, 2 * INTER, (1,)),
+              (f"down {INTER}->{HIDDEN}", INTER, HIDDEN, (1,))]
+    for name, n_in, n_out, tokens in shapes:
+        for T in tokens:
+            def make_set(g, T=T, n_in=n_in, n_out=n_out):
                 # weights scaled by 1/sqrt(in) so outputs are O(1), as in a trained model
-                return {"x": _gen_randn((T, HIDDEN), g),
-                        "w": _gen_randn((n_out, HIDDEN), g, scale=HIDDEN ** -0.5)}
+                return {"x": _gen_randn((T, n_in), g),
+                        "w": _gen_randn((n_out, n_in), g, scale=n_in ** -0.5)}
             out = torch.empty(T, n_out, dtype=torch.bfloat16, device=DEVICE)
             ours = None
             if fn is not None:
                 ours = ((lambda s, out=out: fn(s["x"], s["w"], out=out)) if _accepts(fn, "out")
                         else (lambda s: fn(s["x"], s["w"])))
-            yield Case(name, str(T), (T * HIDDEN + n_out * HIDDEN + T * n_out) * 2, make_set,
+            yield Case(name, str(T), (T * n_in + n_out * n_in + T * n_out) * 2, make_set,
                        torch_fn=lambda s: F.linear(s["x"], s["w"]),
-                       ours_fn=ours, flops=2 * T * HIDDEN * n_out,
+                       ours_fn=ours, flops=2 * T * n_in * n_out,
                        outs=[out] if ours and _accepts(fn, "out") else [],
                        via=ops.via("linear"), skip=None if ours else why)
 

@@ -2,13 +2,23 @@
 
 Every projection of a Llama layer is one of these: q/k/v/o, gate/up/down, and the lm_head.
 The weight keeps torch's nn.Linear layout [out, in]; `linear` sends CUDA tensors to the
-cuBLAS call in gemm.cu and CPU tensors to `linear_native`.
+cuBLAS call in gemm.cu, or for 1-8 bf16 tokens (a decode step) to the GEMV of gemv.cu, and
+CPU tensors to `linear_native`.
+
+On an sm_90 GPU the GEMV is launched with programmatic dependent launch (PDL: it may start
+streaming its weights while the previous kernel finishes); the environment variable
+TINYVLLM_PDL=0 turns that off, e.g. to measure what it gains.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from course import parts
+
+# gemm.cu's `gemv` argument: 2 = the GEMV for 1-8 bf16 tokens with PDL, 1 = without PDL
+_GEMV = 1 if os.environ.get("TINYVLLM_PDL") == "0" else 2
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
@@ -35,13 +45,16 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | Non
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """y = x @ weight^T: cuBLAS on CUDA tensors (gemm.cu), linear_native on CPU.
+           out_dtype: torch.dtype | None = None, gemv: bool = True) -> torch.Tensor:
+    """y = x @ weight^T: cuBLAS or the GEMV on CUDA tensors (gemm.cu, gemv.cu), linear_native
+    on CPU.
 
     x: [tokens, in] bf16/fp16/fp32, weight: [out, in] same dtype, both contiguous.
     out: optional [tokens, out] buffer (reuse it to time without allocating).
     out_dtype: x's dtype (default) or torch.float32, which keeps the float32 accumulator:
     the model's logits use it, so two scores closer than a bf16 step are not made equal.
+    gemv: let the GEMV take 1-8 bf16 tokens with 16-byte aligned rows (in % 8 == 0); False
+    sends every call to cuBLAS (to compare the two).
     Returns y: [tokens, out].
     """
     if not x.is_cuda:
@@ -50,5 +63,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     if out is None:
         out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype,
                           device=x.device)
-    parts.kernels().linear(x, weight, out)
+    parts.kernels().linear(x, weight, out, _GEMV if gemv else 0)
     return out

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -38,6 +39,9 @@ __device__ __forceinline__ __nv_bfloat16 silu_mul_one(__nv_bfloat16 gate, __nv_b
 template <int kVec>
 __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ x,
                                 __nv_bfloat16* __restrict__ out, int64_t rows, int64_t inter) {
+  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now
+  // (solutions/common/pdl.cuh); it reads what this kernel writes only after it has finished.
+  allow_next_kernel_to_start();
   // BEGIN SOLUTION: find this thread's row and column, load a pack of gate and of up, store
   const int64_t packs_per_row = inter / kVec;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -1,4 +1,5 @@
-"""Stage 06: y = x @ weight^T with cublasGemmEx (gemm.cu), the `linear` op of every layer.
+"""Stage 06: y = x @ weight^T with cublasGemmEx (gemm.cu) and, for 1-8 tokens, the GEMV of
+gemv.cu: the `linear` op of every layer.
 
 Each case compares the kernel with two references computed from the same bf16 inputs:
 the native twin (linear_native: float32 math, rounded once) and torch.nn.functional.linear
@@ -46,19 +47,22 @@ def make_inputs(gen: torch.Generator, tokens: int, in_features: int, out_feature
     return x, w
 
 
-def run_and_check(x: torch.Tensor, w: torch.Tensor) -> None:
+def run_and_check(x: torch.Tensor, w: torch.Tensor, gemv: bool = False,
+                  hint: str = TRANSPOSE_HINT) -> None:
+    """linear(x, w) against both oracles. gemv=False (these tests): cuBLAS at every size;
+    the GEMV tests below pass gemv=True, so 1-8 bf16 tokens go to gemv.cu."""
     x0, w0 = x.clone(), w.clone()
     out = checks.poison(torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype, device="cuda"))
-    got = linear_op().linear(x, w, out=out)
+    got = linear_op().linear(x, w, out=out, gemv=gemv)
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr(), "linear(..., out=buf) must fill buf and return it"
     shape = f"x {tuple(x.shape)} @ weight {tuple(w.shape)}^T"
     oracle = F.linear(x.float(), w.float())
     checks.assert_close(got, oracle, what=f"linear, {shape}, vs F.linear in float32",
-                        dtype=x.dtype, hint=TRANSPOSE_HINT)
+                        dtype=x.dtype, hint=hint)
     twin = parts.reference("06", "linear").linear_native(x, w)
     checks.assert_close(got, twin, what=f"linear, {shape}, vs linear_native", dtype=x.dtype,
-                        hint=TRANSPOSE_HINT)
+                        hint=hint)
     checks.assert_unmodified(x0, x, "x")
     checks.assert_unmodified(w0, w, "weight")
 
@@ -93,7 +97,7 @@ def test_float32_output_keeps_the_accumulator(seed, in_features, out_features, t
     """Logits: bf16 x and weight, float32 y (out_dtype=torch.float32), not rounded to bf16."""
     gen = checks.generator("cuda", seed)
     x, w = make_inputs(gen, tokens, in_features, out_features)
-    got = linear_op().linear(x, w, out_dtype=torch.float32)
+    got = linear_op().linear(x, w, out_dtype=torch.float32, gemv=False)
     torch.cuda.synchronize()
     assert got.dtype == torch.float32, f"out_dtype=torch.float32 must give float32, got {got.dtype}"
     oracle = F.linear(x.float(), w.float())
@@ -111,8 +115,8 @@ def test_fused_projection_equals_separate_ones(seed):
     x, wq = make_inputs(gen, 129, 576, 576)
     wk, wv = (make_inputs(gen, 1, 576, 192)[1] for _ in range(2))
     op = linear_op()
-    fused = op.linear(x, torch.cat([wq, wk, wv]))
-    separate = torch.cat([op.linear(x, w) for w in (wq, wk, wv)], dim=1)
+    fused = op.linear(x, torch.cat([wq, wk, wv]), gemv=False)
+    separate = torch.cat([op.linear(x, w, gemv=False) for w in (wq, wk, wv)], dim=1)
     checks.assert_close(fused, separate, what="fused QKV projection vs separate q, k, v",
                         hint="a fused weight only adds output columns: check ldc = out_features")
 
@@ -121,8 +125,8 @@ def test_fused_projection_equals_separate_ones(seed):
 def test_rejects_bad_input(seed):
     op = linear_op()
     x, w = make_inputs(checks.generator("cuda", seed), 7, 320, 100)
-    checks.assert_close(op.linear(x, w), F.linear(x.float(), w.float()), dtype=x.dtype,
-                        hint=TRANSPOSE_HINT)
+    checks.assert_close(op.linear(x, w, gemv=False), F.linear(x.float(), w.float()),
+                        dtype=x.dtype, hint=TRANSPOSE_HINT)
     kernel = parts.kernels().linear
     out = torch.empty((7, 100), dtype=x.dtype, device="cuda")
     bad = {
@@ -134,6 +138,116 @@ def test_rejects_bad_input(seed):
     }
     for name, args in bad.items():
         with pytest.raises(RuntimeError) as info:
-            kernel(*args)
+            kernel(*args, 0)
         assert "linear" in str(info.value) or "must" in str(info.value), (
             f"{name}: the error should say what is wrong, got: {info.value}")
+
+
+# --- Part 2: the GEMV of gemv.cu, which `linear` uses for 1-8 bf16 tokens -----------------
+#
+# The same two oracles as above (F.linear in float32, linear_native) and the same bf16
+# tolerance: the GEMV accumulates in float32 and rounds once, as cuBLAS does. Then the things a
+# GEMV gets wrong that a cuBLAS call cannot: rows past the end of the grid, a row length that is
+# not a multiple of the lanes' stride, the tokens past the first, and reading x before the
+# kernel that writes it has finished (programmatic dependent launch on an sm_90 GPU).
+
+GEMV_HINT = (
+    "one warp per output row: row = blockIdx.x * kWarps + warp; lane l reads the row's 16-byte "
+    "pieces l, l + 32, l + 64, ... (in / 8 pieces in all, the last round partly empty), each "
+    "multiplied with the same 8 columns of every token's x (x + t * in / 8 pieces); then a "
+    "butterfly sum over the 32 lanes and lane 0 writes y[t * out + row]. Did you skip a round, "
+    "read past the row, or add token t's products into another token's sum?")
+
+# (in, out): Llama-3.2-1B's decode projections (qkv, o, gate_up, down), SmolLM2's, and sizes
+# whose rows end in a partly empty round (in / 8 not a multiple of 32 * kUnroll = 256 pieces)
+# or whose last block has fewer rows than warps (out not a multiple of 8).
+GEMV_SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (576, 960),
+               (1536, 576), (72, 211), (2056, 13), (4104, 100)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("in_features,out_features", GEMV_SHAPES, ids=lambda v: str(v))
+def test_gemv_bf16(seed, tokens, in_features, out_features):
+    x, w = make_inputs(checks.generator("cuda", seed), tokens, in_features, out_features)
+    run_and_check(x, w, gemv=True, hint=GEMV_HINT)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_features,out_features,tokens", [(2048, 128256, 1), (576, 49152, 4)],
+                         ids=lambda v: str(v))
+def test_gemv_float32_logits(seed, in_features, out_features, tokens):
+    """The lm_head of a decode step: float32 out, the accumulator not rounded to bf16."""
+    x, w = make_inputs(checks.generator("cuda", seed), tokens, in_features, out_features)
+    got = linear_op().linear(x, w, out_dtype=torch.float32)
+    torch.cuda.synchronize()
+    assert got.dtype == torch.float32, f"out_dtype=torch.float32 must give float32, got {got.dtype}"
+    checks.assert_close(got, F.linear(x.float(), w.float()), dtype=torch.float32, atol=1e-4,
+                        rtol=1e-4, what="GEMV with float32 output vs F.linear in float32",
+                        hint="write from_float<OutT>(sum): OutT is float for logits")
+
+
+@pytest.mark.gpu
+def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
+    """The dispatch: 1-8 bf16 tokens with 16-byte aligned rows go to gemv_kernel; 9 tokens,
+    float16, a row length that is not a multiple of 8 and a misaligned x go to cuBLAS, and
+    every one of them is right."""
+    gen = checks.generator("cuda", seed)
+    op = linear_op()
+    x, w = make_inputs(gen, 9, 2048, 512)
+    flat = torch.empty(9 * 2048 + 1, dtype=torch.bfloat16, device="cuda")
+    shifted = flat[1:].view(9, 2048).copy_(x)              # contiguous, 2 bytes off alignment
+    half_x, half_w = x.half(), w.half()
+    odd_x, odd_w = make_inputs(gen, 3, 100, 512)
+    cases = {"1 bf16 token": (x[:1], w, True), "8 bf16 tokens": (x[:8], w, True),
+             "9 bf16 tokens": (x, w, False), "float16": (half_x[:2], half_w, False),
+             "in = 100": (odd_x, odd_w, False), "misaligned x": (shifted[:2], w, False)}
+    for name, (xs, ws, expect_gemv) in cases.items():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            got = op.linear(xs, ws)
+            torch.cuda.synchronize()
+        ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        used_gemv = any("gemv_kernel" in n for n in ran)
+        assert used_gemv == expect_gemv, (
+            f"{name}: expected {'gemv_kernel' if expect_gemv else 'cuBLAS only'}, the GPU ran "
+            f"{sorted(set(ran))}")
+        checks.assert_close(got, F.linear(xs.float(), ws.float()), dtype=xs.dtype,
+                            what=f"linear, {name}", hint=GEMV_HINT)
+
+
+def _chain(x_big: torch.Tensor, src: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+           tokens: int) -> None:
+    # x is written by an add over 64 MB (tens of microseconds), then read at once by the GEMV.
+    torch.add(src, 1.0, out=x_big)
+    linear_op().linear(x_big[: tokens * w.shape[1]].view(tokens, w.shape[1]), w, out=out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
+def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph):
+    """With PDL the GEMV starts before the previous kernel ends: it may load weights early,
+    but x only after griddepcontrol.wait. A GEMV that reads x too early sees the old values
+    here (the writer is a long kernel), eagerly and inside a CUDA graph."""
+    gen = checks.generator("cuda", seed)
+    tokens, in_features = 2, 2048
+    _, w = make_inputs(gen, 1, in_features, 4096)
+    src = checks.randn((32 * 1024 * 1024,), torch.bfloat16, "cuda", gen)
+    x_big = torch.zeros_like(src)
+    out = torch.empty((tokens, 4096), dtype=torch.bfloat16, device="cuda")
+    if graph:
+        _chain(x_big, src, w, out, tokens)        # warm-up outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            _chain(x_big, src, w, out, tokens)
+    for step in range(3):
+        src.copy_(checks.randn(src.shape, torch.bfloat16, "cuda", gen))
+        x_big.zero_()
+        torch.cuda.synchronize()
+        g.replay() if graph else _chain(x_big, src, w, out, tokens)
+        torch.cuda.synchronize()
+        x = (src[: tokens * in_features].float() + 1.0).to(torch.bfloat16).view(tokens, in_features)
+        checks.assert_close(out, F.linear(x.float(), w.float()), dtype=torch.bfloat16,
+                            what=f"GEMV after the kernel that writes x (step {step})",
+                            hint="read x (and write y) only after wait_for_previous_kernel(): "
+                                 "before it, only the weights are safe to load")
