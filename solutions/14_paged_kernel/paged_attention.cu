@@ -22,11 +22,13 @@
 //
 // Split-K (flash-decoding). One sequence gives only n_kv_heads blocks (8 for Llama-3.2-1B, on
 // a GPU of 132 SMs). With `partitions` > 1 the grid gets one block per (sequence, KV head,
-// partition of kPartition keys); each writes its partial state (m, l, o / l) in float32 and a
-// second kernel merges a sequence's partitions. The partition count comes from max_context
-// (the engine's max_model_len), not from the lengths on the device, so the grid is the same at
-// every step and a CUDA graph can capture it: the blocks of partitions past a sequence's
-// length exit at once, and the reduction reads only the partitions that hold keys.
+// partition of partition_keys keys); each writes its partial state (m, l, o / l) in float32
+// and a second kernel merges a sequence's partitions. The partition size (512 keys down to 64
+// when the grid would otherwise be small: paged_attention_partition_keys) and count come from
+// batch, heads and max_context (the engine's max_model_len), not from the lengths on the
+// device, so the grid is the same at every step and a CUDA graph can capture it: the blocks of
+// partitions past a sequence's length exit at once, and the reduction reads only the
+// partitions that hold keys.
 //
 // A context length of 0 is a padding row: zeros. A length past max_keys (the block table's
 // capacity, or max_context) or a block number outside the pool is never read: that row is NaN
@@ -43,7 +45,8 @@
 namespace {
 
 constexpr int kMaxHeadDim = 128;
-constexpr int kPartition = 512;      // keys per split-K partition: a multiple of every step
+constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
+constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp (head_dim 64)
 constexpr int kMaxPartitions = 8192; // the reduction keeps one weight per partition in smem
 constexpr int kStages = 3;           // copies in flight per warp: kStages - 1 steps ahead
 constexpr int kThreads = 128;        // 4 warps per block
@@ -68,6 +71,7 @@ struct Params {
   int num_blocks, block_size, block_shift, max_blocks;
   int max_keys;                  // longest context allowed: min(max_blocks * block_size, max_context)
   int partitions;                // 1: one pass, writes out; more: split-K partials
+  int partition_keys;            // split-K: keys per partition (the last one may be shorter)
   float scale_log2;              // scale * log2(e)
 };
 
@@ -195,9 +199,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kern
 
   const int len = p.context_lens[b];
   const bool bad_len = len < 0 || len > p.max_keys;
-  // BEGIN SOLUTION: this block's keys [k_begin, k_end): the whole context, or one partition of kPartition keys | const int k_begin = 0, k_end = 0;
-  const int k_begin = p.partitions > 1 ? part * kPartition : 0;
-  const int k_end = p.partitions > 1 ? min(len, k_begin + kPartition) : len;
+  // BEGIN SOLUTION: this block's keys [k_begin, k_end): the whole context, or partition `part` of p.partition_keys keys, clipped to len | const int k_begin = 0, k_end = 0;
+  const int k_begin = p.partitions > 1 ? part * p.partition_keys : 0;
+  const int k_end = p.partitions > 1 ? min(len, k_begin + p.partition_keys) : len;
   // END SOLUTION
 
   if (p.partitions == 1 && (bad_len || len == 0)) {
@@ -401,7 +405,7 @@ struct ReduceParams {
   const float* part_ml;         // [batch, n_heads, partitions, 2]
   __nv_bfloat16* out;           // [batch, n_heads, head_dim]
   const int32_t* context_lens;  // [batch]
-  int n_heads, head_dim, partitions, max_keys;
+  int n_heads, head_dim, partitions, partition_keys, max_keys;
 };
 
 // A block-wide max or sum (kMax): every thread gets the result. `red` holds 32 floats.
@@ -421,7 +425,7 @@ __device__ float block_reduce(float x, float* red) {
 }
 
 // Split-K, second kernel: one block per (sequence, query head) merges the partitions that
-// hold keys (ceil(len / kPartition) of them):
+// hold keys (ceil(len / partition_keys) of them):
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   const int b = blockIdx.x / p.n_heads;
@@ -432,7 +436,7 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
     for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = __float2bfloat16(len == 0 ? 0.f : NAN);
     return;
   }
-  const int used = (len + kPartition - 1) / kPartition;
+  const int used = (len + p.partition_keys - 1) / p.partition_keys;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.partitions;
   const float* ml = p.part_ml + first * 2;
   const float* o = p.part_o + first * d;
@@ -489,8 +493,8 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
   paged_attention_kernel<kD, kG><<<grid, kThreads, rings > merge ? rings : merge, stream>>>(p);
   if (p.partitions > 1) {
-    const ReduceParams r{p.part_o, p.part_ml, p.out, p.context_lens,
-                         p.n_heads, p.head_dim, p.partitions, p.max_keys};
+    const ReduceParams r{p.part_o,  p.part_ml,    p.out,        p.context_lens,
+                         p.n_heads, p.head_dim, p.partitions, p.partition_keys, p.max_keys};
     const int rows = kReduceThreads / (p.head_dim / 4);
     const size_t smem = (static_cast<size_t>(p.partitions) + static_cast<size_t>(rows) * p.head_dim) *
                         sizeof(float);
@@ -513,25 +517,38 @@ tvllm_status launch_dim(Params p, int batch, cudaStream_t stream) {
 
 }  // namespace
 
-// How many partitions a call uses (1 = the single pass), from host values only, so a CUDA
-// graph captured for a batch size keeps its choice. split: -1 decide, 0 never, 1 always.
-// max_keys: the longest context the call allows (the engine: max_model_len).
-int64_t paged_attention_partitions(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
+// Split-K's partition size: how many keys one thread block of a partition takes, or 0 for the
+// single pass. From host values only, so a CUDA graph captured for a batch size keeps its
+// choice. split: -1 decide, 0 never, 1 always. max_keys: the longest context the call allows
+// (the engine: max_model_len).
+//
+// The rule: the grid should have at least 2 blocks per SM. The single pass has `blocks`
+// (batch x KV heads x head chunks); when that is fewer, split into partitions of 512 keys,
+// and halve them (256, 128, 64) while the grid is still short of the target. Large grids keep
+// 512 (smaller partitions there only add partials to write and merge); a batch of one
+// sequence gets 64-key partitions up to max_keys 2048 (8 KV heads x 32 partitions = 256
+// blocks on 132 SMs).
+int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split) {
-  const int64_t parts = tvllm_ceil_div(max_keys, kPartition);
-  if (split == 0 || parts <= 1 || n_kv_heads <= 0) return 1;
-  if (split > 0) return parts;
-  // BEGIN SOLUTION: split when the single pass has fewer than 2 blocks per SM (batch * n_kv_heads * head chunks) and parts <= kMaxPartitions | return 1;
+  if (split == 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || max_keys <= kMinPartition)
+    return 0;  // never split, or nothing to split: the single pass
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();  // no device answer: the single pass is always right
-    return 1;
+    cudaGetLastError();  // no device answer: the single pass, or the largest partitions
+    return split > 0 && max_keys > kPartition ? kPartition : 0;
   }
   const int group = n_heads / n_kv_heads;
   const int64_t blocks = static_cast<int64_t>(batch) * n_kv_heads *
-                         tvllm_ceil_div(group, heads_per_block(group));
-  return blocks < 2 * static_cast<int64_t>(sms) && parts <= kMaxPartitions ? parts : 1;
+                         tvllm_ceil_div(group, heads_per_block(group));  // the single pass's grid
+  const int64_t target = 2 * static_cast<int64_t>(sms);
+  // BEGIN SOLUTION: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) | return 0;
+  if (split < 0 && blocks >= target) return 0;
+  int keys = kPartition;
+  while (keys > kMinPartition && blocks * tvllm_ceil_div(max_keys, keys) < target) keys /= 2;
+  const int64_t parts = tvllm_ceil_div(max_keys, keys);
+  if (parts <= 1 || (split < 0 && parts > kMaxPartitions)) return 0;
+  return keys;
   // END SOLUTION
 }
 
@@ -539,15 +556,16 @@ int64_t paged_attention_partitions(int batch, int n_heads, int n_kv_heads, int64
 // aligned (it may be a view of a fused QKV tensor). k_cache, v_cache: [num_blocks, block_size,
 // n_kv_heads, head_dim] bf16, contiguous; block_size a power of two. block_tables: [batch,
 // max_blocks] int32; context_lens: [batch] int32 (never read by the host). out: [batch,
-// n_heads, head_dim] bf16. partitions > 1: split-K, with `workspace` holding batch * n_heads *
-// partitions * (head_dim + 2) floats.
+// n_heads, head_dim] bf16. partitions > 1: split-K in partitions of partition_keys keys, with
+// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats.
 tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
-                                           int partitions, float scale, cudaStream_t stream) {
+                                           int partitions, int partition_keys, float scale,
+                                           cudaStream_t stream) {
   if (batch == 0 || n_heads == 0) return TVLLM_OK;
   const bool grouped = n_kv_heads > 0 && n_heads % n_kv_heads == 0;
   const bool pieces = head_dim > 0 && head_dim % 8 == 0 && head_dim <= kMaxHeadDim &&
@@ -558,9 +576,10 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
     return "block_size must be a power of two";
   if (num_blocks < 0 || max_blocks < 0 || max_keys < 0) return "sizes must not be negative";
   if (partitions < 1 || partitions > kMaxPartitions ||
-      (partitions > 1 && (workspace == nullptr ||
-                          static_cast<int64_t>(partitions) * kPartition < max_keys)))
-    return "split-K needs a workspace and ceil(max_context / 512) partitions, at most 8192";
+      (partitions > 1 && (workspace == nullptr || partition_keys < 1 ||
+                          static_cast<int64_t>(partitions) * partition_keys < max_keys)))
+    return "split-K needs a workspace and ceil(max_context / partition_keys) partitions, at "
+           "most 8192";
   const int group = n_heads / n_kv_heads;
   if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, heads_per_block(group)) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";
@@ -572,7 +591,7 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
                  static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
                  workspace, part_ml, block_tables, context_lens, q_stride, n_heads, n_kv_heads,
                  head_dim, group, /*head_chunks=*/1, num_blocks, block_size, shift, max_blocks,
-                 max_keys, partitions, scale * kLog2e};
+                 max_keys, partitions, partition_keys, scale * kLog2e};
   // 64 and 128 have kernels compiled for their size; other multiples of 8 the generic one
   const auto by_dim = head_dim == 64 ? launch_dim<64> : head_dim == 128 ? launch_dim<128>
                                                                          : launch_dim<0>;

@@ -2,6 +2,7 @@
 // choice (host values only) and its workspace, then paged_attention.cu. It reads no device
 // memory on the host (no block table or length values), so a decode step that calls it can be
 // captured in a CUDA graph; the workspace then comes from the graph's private memory pool.
+// torch.ops.tinyvllm.paged_attention_partition_keys: that split-K choice alone (tests, benches).
 #include <cmath>
 #include <limits>
 
@@ -9,7 +10,7 @@
 
 #include "binding.h"
 
-int64_t paged_attention_partitions(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
+int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split);
 tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                            void* out, const int32_t* block_tables,
@@ -17,18 +18,21 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
-                                           int partitions, float scale, cudaStream_t stream);
+                                           int partitions, int partition_keys, float scale,
+                                           cudaStream_t stream);
 
 namespace {
 
 // q: [B, n_heads, d]; k_cache, v_cache: [num_blocks, block_size, n_kv, d]; block_tables:
 // [B, max_blocks] int32; context_lens: [B] int32 -> out: [B, n_heads, d].
-// max_context: the longest context any sequence may have (-1: max_blocks * block_size); it
-// fixes the split-K partition count. split: -1 let the kernel decide, 0 never, 1 always.
+// max_context: the longest context any sequence may have (-1: max_blocks * block_size); with
+// the batch and the heads it fixes the split-K partitions. split: -1 let the kernel decide, 0
+// never, 1 always. partition: 0 = the kernel's partition size; > 0 (a multiple of 16): split-K
+// in partitions of that many keys (tests, measurements).
 void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                             const at::Tensor& v_cache, const at::Tensor& block_tables,
                             const at::Tensor& context_lens, double scale, int64_t max_context,
-                            int64_t split, at::Tensor& out) {
+                            int64_t split, at::Tensor& out, int64_t partition) {
   tvllm::check_head_rows(q, "q");
   struct Expected { const at::Tensor& t; const char* name; at::ScalarType dtype; int64_t dim; };
   for (const Expected& e : {Expected{k_cache, "k_cache", at::kBFloat16, 4},
@@ -65,6 +69,11 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               split);
   TORCH_CHECK(max_context >= -1, "max_context must be -1 (from the block table) or >= 0, got ",
               max_context);
+  TORCH_CHECK(partition >= 0 && partition % 16 == 0 && partition <= (int64_t{1} << 20),
+              "partition must be 0 (the kernel's choice) or a multiple of 16 keys up to 2^20, got ",
+              partition);
+  TORCH_CHECK(partition == 0 || split != 0, "partition (", partition, " keys) forces split-K: "
+              "it cannot go with split = 0 (never)");
   const int64_t capacity = block_tables.size(1) * block_size;
   const int64_t max_keys = max_context < 0 ? capacity : std::min(capacity, max_context);
   TORCH_CHECK(batch < (int64_t{1} << 31) && num_blocks < (int64_t{1} << 31) &&
@@ -72,12 +81,15 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               "at most 2^31 - 1 sequences and blocks, and contexts of at most 2^30 keys");
 
   c10::cuda::CUDAGuard guard(q.device());
-  const int64_t partitions = paged_attention_partitions(
+  // keys per partition (0: the single pass); a partition count of 1 is the single pass too
+  const int64_t keys = partition > 0 ? partition : paged_attention_partition_keys(
       static_cast<int>(batch), static_cast<int>(n_heads), static_cast<int>(n_kv), max_keys,
       static_cast<int>(split));
+  TORCH_CHECK(keys >= 0, "paged_attention_partition_keys returned ", keys);
+  const int64_t partitions = keys > 0 ? (max_keys + keys - 1) / keys : 1;
   TORCH_CHECK(partitions >= 1 && partitions <= 8192 && batch * partitions < (int64_t{1} << 31),
-              "split-K: at most 8192 partitions of 512 keys (max_context up to 4M), got ",
-              partitions);
+              "split-K: at most 8192 partitions (of 512 keys: max_context up to 4M), got ",
+              partitions, " partitions of ", keys, " keys");
   at::Tensor workspace;  // partial o (float) then (m, l) per (sequence, head, partition)
   if (partitions > 1)
     workspace = at::empty({batch * n_heads * partitions * (head_dim + 2)},
@@ -90,14 +102,34 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
           q.stride(0), static_cast<int>(n_heads), static_cast<int>(n_kv),
           static_cast<int>(head_dim), static_cast<int>(num_blocks), static_cast<int>(block_size),
           static_cast<int>(block_tables.size(1)), static_cast<int>(max_keys),
-          static_cast<int>(partitions), static_cast<float>(scale), tvllm::stream()),
+          static_cast<int>(partitions), static_cast<int>(keys), static_cast<float>(scale),
+          tvllm::stream()),
       "paged_decode_attention");
+}
+
+// The split-K choice of a call with these sizes on the current device: keys per partition, 0
+// for the single pass. max_keys: max_context (or the block table's capacity).
+int64_t partition_keys(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64_t max_keys,
+                       int64_t split) {
+  TORCH_CHECK(batch >= 0 && batch < (int64_t{1} << 31) && n_kv_heads > 0 &&
+                  n_heads % n_kv_heads == 0 && n_heads < (int64_t{1} << 31) && max_keys >= 0 &&
+                  max_keys <= (int64_t{1} << 30) && split >= -1 && split <= 1,
+              "paged_attention_partition_keys: batch, n_heads (a multiple of n_kv_heads > 0), "
+              "max_keys (at most 2^30) and split (-1, 0, 1), got ", batch, ", ", n_heads, ", ",
+              n_kv_heads, ", ", max_keys, ", ", split);
+  return paged_attention_partition_keys(static_cast<int>(batch), static_cast<int>(n_heads),
+                                        static_cast<int>(n_kv_heads), max_keys,
+                                        static_cast<int>(split));
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor context_lens, float scale, int max_context, int split, Tensor(a!) out) -> ()",
+        "Tensor context_lens, float scale, int max_context, int split, Tensor(a!) out, "
+        "int partition=0) -> ()",
         &paged_decode_attention);
+  m.def("paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int max_keys, "
+        "int split=-1) -> int",
+        &partition_keys);
 }

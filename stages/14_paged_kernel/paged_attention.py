@@ -10,11 +10,13 @@ j % block_size, of k_cache / v_cache: [num_blocks, block_size, n_kv_heads, head_
 head h reads KV head h // (n_heads // n_kv_heads). `paged_decode_attention` sends CUDA
 tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`.
 
-On CUDA, long contexts in small batches are split into partitions of 512 keys computed by
-separate thread blocks and merged by a second kernel (flash-decoding's split-K). How many
-partitions a call has comes from `max_context` (the engine's max_model_len; by default the
-block table's capacity, max_blocks * block_size), never from the lengths on the device, so a
-decode step is the same kernel launch at every step and can be captured in a CUDA graph.
+On CUDA, small batches are split into partitions of keys computed by separate thread blocks
+and merged by a second kernel (flash-decoding's split-K): partitions of 512 keys, halved down to
+64 while the grid is short of 2 blocks per SM (one sequence of 8 KV heads: 64-key partitions up
+to max_context 2048). The partition size and count come from the batch size, the heads and
+`max_context` (the engine's max_model_len; by default the block table's capacity, max_blocks *
+block_size), never from the lengths on the device, so a decode step is the same kernel launch
+at every step and can be captured in a CUDA graph. `partition_keys` says what a call would use.
 """
 from __future__ import annotations
 
@@ -44,14 +46,15 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
                                   block_tables: torch.Tensor, context_lens: torch.Tensor,
                                   scale: float, out: torch.Tensor | None = None,
                                   max_context: int | None = None,
-                                  split: bool | None = None) -> torch.Tensor:
+                                  split: bool | None = None,
+                                  partition: int | None = None) -> torch.Tensor:
     """Plain torch, one sequence at a time, in float32; the result is cast to q's dtype.
 
     q: [batch, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv_heads,
     head_dim]; block_tables: [batch, max_blocks] int; context_lens: [batch] int (0: a padding
     row, its output is zeros). Returns [batch, n_heads, head_dim], into `out` when given.
-    max_context: no context may be longer (the kernel's contract); split is the kernel's
-    (accepted here so both take the same arguments: the math does not depend on it).
+    max_context: no context may be longer (the kernel's contract); split and partition are the
+    kernel's (accepted here so both take the same arguments: the math does not depend on them).
     """
     _check(q, k_cache, v_cache, block_tables, context_lens)
     if max_context is not None and any(n > max_context for n in context_lens.tolist()):
@@ -84,7 +87,8 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, max_context: int | None = None,
-                           split: bool | None = None) -> torch.Tensor:
+                           split: bool | None = None, partition: int | None = None
+                           ) -> torch.Tensor:
     """One query token per sequence against its paged cache: the kernel on CUDA, the twin on CPU.
 
     q: [batch, n_heads, head_dim] bf16, each row's heads contiguous, rows a multiple of 8
@@ -94,9 +98,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence's last block are never read); context_lens: [batch] int32 (0 = a padding row,
     zeros). out: optional contiguous [batch, n_heads, head_dim] bf16 buffer.
     max_context: the longest context any call may bring (the engine passes max_model_len);
-    None = max_blocks * block_size. It fixes the split-K partition count (ceil(max_context /
-    512)). split: None = the kernel decides (split when batch * n_kv_heads is small against
-    the SM count), True / False = always / never (tests, measurements).
+    None = max_blocks * block_size. With the batch and the heads it fixes split-K's partitions
+    (see `partition_keys`). split: None = the kernel decides (split when batch * n_kv_heads is
+    small against the SM count), True / False = always / never (tests, measurements).
+    partition: None = the kernel's partition size; a multiple of 16 = split-K in partitions
+    of that many keys, whatever the batch (tests, measurements; not with split=False).
     The CUDA path never reads a device value on the host (it can be captured in a CUDA
     graph), so it cannot check values: a row whose length exceeds max_context or the block
     table, or whose blocks lie outside the pool, is NaN. Validate them on the host.
@@ -109,5 +115,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     parts.kernels().paged_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, float(scale),
         -1 if max_context is None else int(max_context), -1 if split is None else int(bool(split)),
-        out)
+        out, 0 if partition is None else int(partition))
     return out
+
+
+def partition_keys(batch: int, n_heads: int, n_kv_heads: int, max_context: int,
+                   split: bool | None = None) -> int:
+    """Split-K's partition size on the current CUDA device for a call of these sizes: keys per
+    partition (512, 256, 128 or 64), or 0 for the single pass. max_context: as in
+    `paged_decode_attention` (the block table's capacity when that was None)."""
+    return int(parts.kernels().paged_attention_partition_keys(
+        int(batch), int(n_heads), int(n_kv_heads), int(max_context),
+        -1 if split is None else int(bool(split))))

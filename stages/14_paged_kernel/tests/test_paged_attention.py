@@ -26,7 +26,8 @@ from grader import checks
 # plain multi-head (1), and groups 1 and 4 at head_dim 128.
 HEADS = [(32, 8, 64), (9, 3, 64), (32, 4, 64), (4, 4, 128), (16, 4, 128)]
 LENGTHS = [1, 15, 16, 17, 1000, 4097]
-PARTITION = 512  # keys per split-K partition in paged_attention.cu
+PARTITION = 512  # keys per split-K partition in paged_attention.cu, at most
+MIN_PARTITION = 64  # ... and at least
 
 
 def paged_op():
@@ -189,16 +190,35 @@ def run_and_check(pg: Paged, scale: float, what: str, **options) -> torch.Tensor
     return got
 
 
-def poison_workspace(pg: Paged, max_context: int | None = None) -> None:
+def poison_workspace(pg: Paged, max_context: int | None = None, split: bool | None = None,
+                     partition: int | None = None) -> None:
     """Leave NaN in the memory the caching allocator will most likely hand to split-K's
     workspace (torch.empty of the same size, allocated by the op): a reduction that reads a
     partition nobody wrote then reads NaN."""
     batch, n_heads, d = pg.q.shape
     keys = pg.block_tables.shape[1] * pg.block_size
     keys = keys if max_context is None else min(keys, max_context)
-    partitions = -(-keys // PARTITION)
+    size = partition or paged_op().partition_keys(batch, n_heads, pg.k.shape[2], keys, split)
+    partitions = -(-keys // size) if size else 1
     junk = torch.full((batch * n_heads * partitions * (d + 2),), float("nan"), device="cuda")
     del junk
+
+
+def expected_partition_keys(batch: int, n_heads: int, n_kv: int, max_keys: int, sms: int,
+                            split: bool | None = None) -> int:
+    """The lesson's rule: keys per split-K partition, 0 for the single pass. The single pass
+    has batch x n_kv x head chunks blocks; below 2 per SM, split into partitions of 512 keys,
+    halved (down to 64) while the grid is still short of 2 blocks per SM."""
+    group = n_heads // n_kv
+    blocks = batch * n_kv * -(-group // (group if group <= 4 else 8))
+    target = 2 * sms
+    if split is False or max_keys <= MIN_PARTITION or (split is None and blocks >= target):
+        return 0
+    keys = PARTITION
+    while keys > MIN_PARTITION and blocks * -(-max_keys // keys) < target:
+        keys //= 2
+    parts = -(-max_keys // keys)
+    return 0 if parts <= 1 or (split is None and parts > 8192) else keys
 
 
 @pytest.mark.gpu
@@ -238,8 +258,8 @@ def test_batch_of_256(seed):
 @pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (12, 4, 128), (16, 2, 64)],
                          ids=lambda v: str(v))
 def test_split_on_and_off_agree(seed, n_heads, n_kv, d):
-    """Split-K (partitions of 512 keys, merged by a second kernel) and the single pass give
-    the same result; lengths around the partition edges."""
+    """Split-K (partitions of the kernel's size: 512, 256 or 128 keys here, merged by a second
+    kernel) and the single pass give the same result; lengths around 512-key edges."""
     gen = checks.generator("cuda", seed)
     pg = Paged(gen, [1, 511, 512, 513, 1536, 3000, 4097], n_heads, n_kv, d)
     poison_workspace(pg)
@@ -265,14 +285,84 @@ def test_split_with_empty_partitions(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("partition", [64, 128, 256])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (12, 4, 128), (16, 2, 64)],
+                         ids=lambda v: str(v))
+def test_small_partitions(seed, partition, n_heads, n_kv, d):
+    """Split-K in partitions of 64, 128 and 256 keys (what the rule picks for small batches):
+    contexts that end exactly at a partition's end, one key before and after it, contexts
+    shorter than one partition, padding rows, and partitions past every context
+    (max_context 2048); the same result as the single pass."""
+    gen = checks.generator("cuda", seed)
+    lens = [0, 1, 63, 64, 65, 127, 128, 129, 255, 256, 257, 300, 0, 1000]
+    pg = Paged(gen, lens, n_heads, n_kv, d, extra_columns=70)
+    assert pg.block_tables.shape[1] * 16 >= 2048
+    poison_workspace(pg, 2048, partition=partition)
+    what = f"split-K in partitions of {partition} keys"
+    split = run_and_check(pg, d ** -0.5, what, partition=partition, max_context=2048)
+    single = run_and_check(pg, d ** -0.5, "single pass", split=False, max_context=2048)
+    checks.assert_close(split, single, what=f"{what} vs the single pass", dtype=torch.bfloat16,
+                        hint=f"with partitions of {partition} keys, partition i holds keys "
+                             f"[i * {partition}, min(len, (i + 1) * {partition})), and the "
+                             "reduction merges ceil(len / partition_keys) of them: use "
+                             "p.partition_keys, not the constant 512")
+    padding = [0, 12]
+    checks.assert_equal(split[padding], torch.zeros_like(split[padding]),
+                        what=f"padding rows ({what})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,max_context", [(1, 288), (1, 512), (1, 2048), (1, 32768),
+                                               (2, 4096), (16, 1024), (32, 2048), (64, 1024),
+                                               (256, 512)])
+def test_partition_rule(batch, max_context):
+    """The partition size (Llama-3.2-1B heads: 32 / 8, head_dim 64) follows the lesson's rule
+    on this GPU: the single pass from 2 blocks per SM; below, 512 keys halved while the grid
+    has fewer than 2 blocks per SM, never below 64. A split=True call uses the same sizes."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rule = paged_op().partition_keys
+    for split in (None, True, False):
+        got = rule(batch, 32, 8, max_context, split)
+        expected = expected_partition_keys(batch, 32, 8, max_context, sms, split)
+        assert got == expected, (
+            f"batch {batch}, max_context {max_context}, split={split}, {sms} SMs: "
+            f"paged_attention_partition_keys gave {got}, the rule {expected} (0 = the single "
+            f"pass). The single pass has {batch * 8} blocks (batch x KV heads). The rule: "
+            "split=False: 0; deciding (split=None) with blocks >= 2 x SMs: 0; otherwise start "
+            "at 512 keys and halve while keys > 64 and blocks x ceil(max_context / keys) < 2 x "
+            "SMs; one partition holding every key is the single pass: 0")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_context", [288, 512, 2048])
+def test_batch_of_one_chooses_small_partitions(seed, max_context):
+    """A decode step of one sequence (the chat case): the kernel chooses its own partitions
+    (64 keys on a GPU of 132 SMs) from max_context; contexts shorter than max_context, at it,
+    and at a partition boundary; the result matches SDPA and the single pass."""
+    gen = checks.generator("cuda", seed)
+    for n in sorted({1, 64, 100, 288, max_context - 1, max_context}):
+        if n > max_context:
+            continue
+        pg = Paged(gen, [n], 32, 8, 64, extra_columns=max_context // 16 + 1)
+        poison_workspace(pg, max_context)
+        what = f"batch 1, context {n}, max_context {max_context} (the kernel's partitions)"
+        auto = run_and_check(pg, 0.125, what, max_context=max_context)
+        single = run_and_check(pg, 0.125, "single pass", split=False, max_context=max_context)
+        checks.assert_close(auto, single, what=f"{what} vs the single pass",
+                            dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
 def test_padding_rows_give_zeros(seed):
     """context_lens 0 marks a padding row: its output is exactly 0, whatever its table says."""
     pg = Paged(checks.generator("cuda", seed), [5, 0, 300, 0, 1], 8, 2, 64)
     pg.block_tables[3] = -7  # a padding row's table is never looked at
     pg.tables[3] = [-7] * len(pg.tables[3])
     padding = [1, 3]
-    for split in (False, True):
-        got = run_and_check(pg, 0.125, f"padding rows (split={split})", split=split)[padding]
+    for split, partition in ((False, None), (True, None), (True, 64)):
+        poison_workspace(pg, split=split, partition=partition)
+        got = run_and_check(pg, 0.125, f"padding rows (split={split}, partition={partition})",
+                            split=split, partition=partition)[padding]
         checks.assert_equal(got, torch.zeros_like(got), what=f"padding rows 1, 3 (split={split})",
                             hint="context_lens 0: the whole row is written with zeros (not left "
                                  "as it was, not 0/0 = NaN), in the single pass and by the "
@@ -384,15 +474,19 @@ def test_bad_block_or_length_is_nan_not_a_crash(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("batch,split", [(4, None), (4, False), (64, None)],
-                         ids=["4-auto", "4-single", "64-auto"])
+@pytest.mark.parametrize("batch,split", [(1, None), (4, None), (4, False), (64, None)],
+                         ids=["1-auto", "4-auto", "4-single", "64-auto"])
 def test_captured_in_a_cuda_graph(seed, batch, split):
     """A decode step runs inside a CUDA graph: the op must not read block_tables or
     context_lens on the host (nor size anything from them), and a replay must see the
-    values written into them since, including a much longer context (more partitions)."""
+    values written into them since, including a much longer context (more partitions;
+    at batch 1, partitions of 64 keys)."""
     gen = checks.generator("cuda", seed)
-    lens, new_lens = [30, 300, 3, 1] * (batch // 4), [31, 2500, 4, 0] * (batch // 4)
-    shape = dict(num_blocks=(batch // 4) * 190 + 20, max_blocks=170)  # room for both steps
+    if batch == 1:
+        lens, new_lens = [300], [2500]
+    else:
+        lens, new_lens = [30, 300, 3, 1] * (batch // 4), [31, 2500, 4, 0] * (batch // 4)
+    shape = dict(num_blocks=max(1, batch // 4) * 190 + 20, max_blocks=170)  # room for both
     pg = Paged(gen, lens, 32, 8, 64, **shape)
     op = paged_op().paged_decode_attention
     out = torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda")
@@ -437,6 +531,8 @@ def test_rejects_bad_input(seed):
         "one shape": (q, k, v[:, :8].contiguous(), tables, lens, 0.1, -1, -1, out),
         "out must be": (q, k, v, tables, lens, 0.1, -1, -1, out[:1]),
         "split must be": (q, k, v, tables, lens, 0.1, -1, 2, out),
+        "multiple of 16": (q, k, v, tables, lens, 0.1, -1, -1, out, 24),
+        "cannot go with split = 0": (q, k, v, tables, lens, 0.1, -1, 0, out, 64),
     }
     for needle, args in bad.items():
         with pytest.raises(RuntimeError) as info:
