@@ -23,7 +23,9 @@ ROPE_POSITIONS = 8192
 TOKENS = (1, 64, 4096)
 ATTENTION_SHAPES = ((1, 4096), (8, 512))     # (sequences, tokens each)
 DECODE_SHAPES = ((64, 1024), (1, 8192))      # (sequences, context length of each)
-PAGED_SHAPES = ((64, 1024), (256, 512), (1, 32768))   # paged decode: (sequences, context)
+# paged decode: (sequences, context); batch 1 at 512 and 2048 keys is the chat case (split-K
+# in small partitions: the latency of a few blocks, not the bandwidth, sets its time)
+PAGED_SHAPES = ((64, 1024), (256, 512), (1, 512), (1, 2048), (1, 32768))
 PAGED_BLOCK = 16
 
 Outputs = tuple[torch.Tensor, ...]
@@ -451,7 +453,9 @@ def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     GB/s counts the K and V bytes read, as for decode_attention: the issue's target is 85% of
     the copy bandwidth at 64 x 1024 and 256 x 512 (the single pass) and 70% at 1 x 32768
     (split-K). Beside it, torch's SDPA (enable_gqa) on a contiguous cache of the same shapes
-    holding the same keys: the speed a paged layout has to match.
+    holding the same keys: the speed a paged layout has to match. 1 x 512 and 1 x 2048 are a
+    chat's decode step (1 MB and 4 MB per layer: latency, not bandwidth, sets their time; the
+    kernel splits them in 64-key partitions on a 132-SM GPU).
     """
     fn, why = ops.get("paged_decode_attention")
     scale = HEAD_DIM ** -0.5

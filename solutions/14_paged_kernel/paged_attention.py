@@ -119,8 +119,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def partition_keys(batch: int, n_heads: int, n_kv_heads: int, max_context: int,
                    split: bool | None = None) -> int:
     """Split-K's partition size on the current CUDA device for a call of these sizes: keys per
-    partition (512, 256, 128 or 64), or 0 for the single pass. max_context: as in
-    `paged_decode_attention` (the block table's capacity when that was None)."""
+    partition (512, 256, 128 or 64), or 0 for the single pass. max_context: the longest
+    context the call allows, min(max_context, max_blocks * block_size) of
+    `paged_decode_attention`. Its partition count is then ceil(max_context / keys)."""
     return int(parts.kernels().paged_attention_partition_keys(
         int(batch), int(n_heads), int(n_kv_heads), int(max_context),
         -1 if split is None else int(bool(split))))

@@ -89,7 +89,7 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
       static_cast<int>(batch), static_cast<int>(n_heads), static_cast<int>(n_kv), max_keys,
       static_cast<int>(split));
   TORCH_CHECK(keys >= 0, "paged_attention_partition_keys returned ", keys);
-  const int64_t partitions = keys > 0 ? (max_keys + keys - 1) / keys : 1;
+  const int64_t partitions = keys > 0 && max_keys > keys ? (max_keys + keys - 1) / keys : 1;
   TORCH_CHECK(partitions >= 1 && partitions <= 8192 && batch * partitions < (int64_t{1} << 31),
               "split-K: at most 8192 partitions (of 512 keys: max_context up to 4M), got ",
               partitions, " partitions of ", keys, " keys");
