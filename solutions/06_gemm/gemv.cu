@@ -37,6 +37,10 @@ constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pa
 constexpr int kThreads = 256;      // 8 warps: 8 output rows per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kUnroll = 8;         // 16-byte pieces in flight per lane: 4 KB per warp
+constexpr int kRound = 32 * kUnroll;  // pieces of a row a warp reads per round (2048 columns)
+// Blocks an SM holds at once (it caps the registers at 128 per thread): 16 warps x 4 KB in
+// flight per SM, twice the ~30 KB that keep an H200's memory busy.
+constexpr int kBlocksPerSM = 2;
 
 using BF8 = Pack<__nv_bfloat16, 8>;
 
@@ -50,19 +54,19 @@ __device__ __forceinline__ BF8 load_cached(const BF8* p) {
   return *reinterpret_cast<const BF8*>(&raw);
 }
 
-// acc[t] += dot(w's 8 values, x[t]'s 8 values at the same columns), for the first `tokens`.
+// acc[t] += dot(w's 8 values, token t's 8 values of x at the same columns), t < tokens.
+// x_piece: that piece of token 0's x in shared memory; token t's is kRound pieces further.
 template <int kTokens>
 __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
-                                          const BF8* __restrict__ x_piece, int pieces_per_row,
-                                          int tokens) {
-  // BEGIN SOLUTION: widen w once; for each token t < tokens: load x's piece (load_cached), 8 fmaf into acc[t]
+                                          const BF8* x_piece, int tokens) {
+  // BEGIN SOLUTION: widen w once; for each token t < tokens: read its x piece, 8 fmaf into acc[t]
   float wf[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) wf[e] = to_float(w.v[e]);
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {
     if (t < tokens) {
-      const BF8 xv = load_cached(x_piece + static_cast<int64_t>(t) * pieces_per_row);
+      const BF8 xv = x_piece[t * kRound];
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[t] = fmaf(wf[e], to_float(xv.v[e]), acc[t]);
     }
@@ -70,15 +74,31 @@ __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
   // END SOLUTION
 }
 
+// This lane's pieces of one round of its row: lane, lane + 32, ... from `first` (none past
+// the row's end, none for a warp past the last row).
+__device__ __forceinline__ void load_round(BF8 (&ws)[kUnroll], const BF8* row, int first,
+                                           int pieces, int lane, bool active) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = first + lane + u * 32;
+    if (active && c < pieces) ws[u] = load_streaming(row + c);
+  }
+}
+
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] of OutT; in % 8 == 0, x and
 // weight 16-byte aligned, tokens <= kTokens. One warp per output row.
 template <int kTokens, typename OutT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
             OutT* __restrict__ y, int tokens, int in_features, int out_features) {
+  // This round's columns of every token's x, read once per block instead of once per warp
+  // (from L2, a long wait that would sit between each weight piece and its use).
+  __shared__ BF8 xs[kTokens * kRound];
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  if (row >= out_features) return;  // whole warps only: the shuffles below need all 32 lanes
+  // A warp past the last row loads and writes nothing, but still helps stage x and reaches
+  // every __syncthreads.
+  const bool active = row < out_features;
   const int pieces = in_features / 8;
   const BF8* w = reinterpret_cast<const BF8*>(weight) + static_cast<int64_t>(row) * pieces;
   const BF8* xp = reinterpret_cast<const BF8*>(x);
@@ -86,28 +106,26 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
   BF8 ws[kUnroll];
-  // BEGIN SOLUTION: the first kUnroll pieces (load_streaming) before wait_for_previous_kernel(); then per round: fma_piece each loaded piece, load the next round's
-  // The first round's weights are loaded before the wait: they overlap the previous kernel.
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int c = lane + u * 32;
-    if (c < pieces) ws[u] = load_streaming(w + c);
-  }
+  // BEGIN SOLUTION: load_round 0 before wait_for_previous_kernel(); per round: stage x's columns of this round in xs (between two __syncthreads), fma_piece each piece, load_round the next one
+  // The first round's weights are requested before the wait: they overlap the previous kernel.
+  load_round(ws, w, 0, pieces, lane, active);
   wait_for_previous_kernel();
-  for (int base = 0; base < pieces; base += 32 * kUnroll) {
+  for (int base = 0; base < pieces; base += kRound) {
+    __syncthreads();  // every warp is done with the last round's xs
+    for (int i = threadIdx.x; i < tokens * kRound; i += kThreads) {
+      const int t = i / kRound, c = base + i % kRound;
+      if (c < pieces) xs[i] = load_cached(xp + static_cast<int64_t>(t) * pieces + c);
+    }
+    __syncthreads();
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = base + lane + u * 32;
-      if (c < pieces) fma_piece(acc, ws[u], xp + c, pieces, tokens);
+      const int c = lane + u * 32;
+      if (active && base + c < pieces) fma_piece(acc, ws[u], xs + c, tokens);
     }
-    const int next = base + 32 * kUnroll;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = next + lane + u * 32;
-      if (c < pieces) ws[u] = load_streaming(w + c);
-    }
+    load_round(ws, w, base + kRound, pieces, lane, active);
   }
   // END SOLUTION
+  if (!active) return;  // whole warps: the shuffles below need all 32 lanes
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {
     if (t < tokens) {
