@@ -530,7 +530,8 @@ tvllm_status launch_dim(Params p, int batch, cudaStream_t stream) {
 // blocks on 132 SMs).
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split) {
-  if (split == 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || max_keys <= kMinPartition)
+  if (split == 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
+      max_keys <= kMinPartition)
     return 0;  // never split, or nothing to split: the single pass
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
