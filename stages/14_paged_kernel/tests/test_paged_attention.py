@@ -86,11 +86,12 @@ class Paged:
 
 
 def sdpa_oracle(pg: Paged, scale: float, *, kv_of_head: list[int] | None = None,
-                index=lambda j, bs: j // bs, merge: str = "exact") -> torch.Tensor | None:
+                index=lambda j, bs: j // bs, merge: str = "exact",
+                partition: int = PARTITION) -> torch.Tensor | None:
     """SDPA in float32 per sequence on the keys gathered through the block table ->
-    [B, n_heads, d] float32. merge="plain"/"no_rescale": the keys cut in partitions of 512,
-    each softmax-normalised alone, then averaged / weighted by their sums without the
-    rescaling to a common maximum (the usual split-K reduction mistakes)."""
+    [B, n_heads, d] float32. merge="plain"/"no_rescale": the keys cut in partitions of
+    `partition` keys, each softmax-normalised alone, then averaged / weighted by their sums
+    without the rescaling to a common maximum (the usual split-K reduction mistakes)."""
     q = pg.q
     n_heads, n_kv = q.shape[1], pg.k.shape[2]
     if kv_of_head is None:
@@ -111,11 +112,11 @@ def sdpa_oracle(pg: Paged, scale: float, *, kv_of_head: list[int] | None = None,
             out[b] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)[:, 0, :]
             continue
         partial, sums, maxes = [], [], []
-        for start in range(0, n, PARTITION):
-            s = (qs @ ks[:, start:start + PARTITION].transpose(1, 2))[:, 0] * scale  # [H, p]
+        for start in range(0, n, partition):
+            s = (qs @ ks[:, start:start + partition].transpose(1, 2))[:, 0] * scale  # [H, p]
             m = s.max(dim=1, keepdim=True).values
             e = torch.exp(s - m)
-            pv = (e[:, None, :] @ vs[:, start:start + PARTITION])[:, 0]              # [H, d]
+            pv = (e[:, None, :] @ vs[:, start:start + partition])[:, 0]              # [H, d]
             partial.append(pv / e.sum(1, keepdim=True))
             sums.append(e.sum(1, keepdim=True))
             maxes.append(m)
@@ -140,8 +141,9 @@ NAN_HINT = ("NaN in the output: the kernel read cache rows that no sequence owns
             "reduction reads only the partitions that hold keys")
 
 
-def likely_cause(got: torch.Tensor, pg: Paged, scale: float) -> str:
-    """Name the classic mistake whose output matches `got`, if one does."""
+def likely_cause(got: torch.Tensor, pg: Paged, scale: float, partition: int) -> str:
+    """Name the classic mistake whose output matches `got`, if one does (`partition`: the
+    call's keys per split-K partition, 0 for the single pass)."""
     n_heads, n_kv = pg.q.shape[1], pg.k.shape[2]
     right = sdpa_oracle(pg, scale)
     mistakes = [
@@ -151,13 +153,17 @@ def likely_cause(got: torch.Tensor, pg: Paged, scale: float) -> str:
         (dict(kv_of_head=[h % n_kv for h in range(n_heads)]),
          "the KV head must be h // (n_heads // n_kv_heads): neighbouring query heads share a "
          "KV head (this output matches h % n_kv_heads)"),
-        (dict(merge="no_rescale"),
-         "split-K's reduction must rescale each partition to the common maximum: w_i = l_i * "
-         "exp(m_i - max_i m_i) (this output matches weights l_i without the exp)"),
-        (dict(merge="plain"),
-         "split-K's reduction must weight each partition's o_i / l_i by w_i = l_i * exp(m_i - "
-         "M), M the largest m_i (this output matches a plain average of the partitions)"),
     ]
+    if partition:
+        mistakes += [
+            (dict(merge="no_rescale", partition=partition),
+             "split-K's reduction must rescale each partition to the common maximum: w_i = "
+             "l_i * exp(m_i - max_i m_i) (this output matches weights l_i without the exp)"),
+            (dict(merge="plain", partition=partition),
+             "split-K's reduction must weight each partition's o_i / l_i by w_i = l_i * "
+             "exp(m_i - M), M the largest m_i (this output matches a plain average of the "
+             "partitions)"),
+        ]
     for change, hint in mistakes:
         wrong = sdpa_oracle(pg, scale, **change)
         if wrong is not None and not _close(wrong, right) and _close(got, wrong):
@@ -179,7 +185,9 @@ def run_and_check(pg: Paged, scale: float, what: str, **options) -> torch.Tensor
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr(), "paged_decode_attention(..., out=buf) must return buf"
     expected = sdpa_oracle(pg, scale)
-    hint = "" if _close(got, expected) else likely_cause(got, pg, scale)
+    hint = "" if _close(got, expected) else likely_cause(
+        got, pg, scale, partition_of(pg, options.get("max_context"), options.get("split"),
+                                     options.get("partition")))
     checks.assert_close(got, expected, what=f"{what} vs scaled_dot_product_attention",
                         dtype=torch.bfloat16, hint=hint)
     twin = parts.reference("14", "paged_attention").paged_decode_attention_native(
@@ -190,15 +198,29 @@ def run_and_check(pg: Paged, scale: float, what: str, **options) -> torch.Tensor
     return got
 
 
+def max_keys_of(pg: Paged, max_context: int | None = None) -> int:
+    """The longest context a call allows: the block table's capacity, or max_context."""
+    keys = pg.block_tables.shape[1] * pg.block_size
+    return keys if max_context is None else min(keys, max_context)
+
+
+def partition_of(pg: Paged, max_context: int | None = None, split: bool | None = None,
+                 partition: int | None = None) -> int:
+    """Keys per split-K partition of a call with these options (0: the single pass)."""
+    keys = max_keys_of(pg, max_context)
+    size = partition or paged_op().partition_keys(pg.q.shape[0], pg.q.shape[1], pg.k.shape[2],
+                                                  keys, split)
+    return size if keys > size else 0
+
+
 def poison_workspace(pg: Paged, max_context: int | None = None, split: bool | None = None,
                      partition: int | None = None) -> None:
     """Leave NaN in the memory the caching allocator will most likely hand to split-K's
     workspace (torch.empty of the same size, allocated by the op): a reduction that reads a
     partition nobody wrote then reads NaN."""
     batch, n_heads, d = pg.q.shape
-    keys = pg.block_tables.shape[1] * pg.block_size
-    keys = keys if max_context is None else min(keys, max_context)
-    size = partition or paged_op().partition_keys(batch, n_heads, pg.k.shape[2], keys, split)
+    keys = max_keys_of(pg, max_context)
+    size = partition_of(pg, max_context, split, partition)
     partitions = -(-keys // size) if size else 1
     junk = torch.full((batch * n_heads * partitions * (d + 2),), float("nan"), device="cuda")
     del junk
