@@ -388,9 +388,9 @@ tvllm_status launch_dim(Params p, int batch, cudaStream_t stream) {
 // The rule: the grid should have at least 2 blocks per SM. The single pass has `blocks`
 // (batch x KV heads x head chunks); when that is fewer, split into partitions of 512 keys,
 // and halve them (256, 128, 64) while the grid is still short of the target. Large grids keep
-// 512 (smaller partitions there only add partials to write and merge); a batch of one
-// sequence gets 64-key partitions up to max_keys 2048 (8 KV heads x 32 partitions = 256
-// blocks on 132 SMs).
+// 512 (smaller partitions there only add partials to write and merge); on 132 SMs a batch of
+// one sequence (8 KV heads) gets 64-key partitions up to max_keys 4096 (64 partitions, 512
+// blocks), 512-key ones from 16385.
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split) {
   if (split == 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
