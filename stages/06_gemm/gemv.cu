@@ -2,25 +2,28 @@
 //
 // At 1-8 tokens a Linear layer is a matrix-vector product: every weight is read once and used
 // for 1-8 multiply-adds. Its time is the time to stream the weight from memory (8 MB for a
-// 2048 x 2048 projection of Llama-3.2-1B: 1.9 us at the H200's ~4.25 TB/s), nothing else. A
-// tensor-core GEMM built for big tiles wastes most of its work and often splits the sum
-// over blocks (split-K) to find parallelism; this kernel gives each output row to one warp:
+// 2048 x 2048 projection of Llama-3.2-1B: 1.9 us at the H200's ~4.25 TB/s), nothing else. To
+// stream at that rate, ~64 KB must be requested and not yet delivered per SM at all times
+// (bytes = bandwidth x latency); weights loaded into registers cap that at what the registers
+// hold, so here they go to shared memory with cp.async (solutions/common/cp_async.cuh):
 //
-//     warp w of block b owns row o = b * kWarps + w of weight [out, in]:
-//       lane l reads the row in 16-byte pieces (8 bf16) l, l + 32, l + 64, ...,
-//       kUnroll pieces in flight before it uses any (what hides the memory latency),
-//       multiplies each with the same 8 columns of every token's x (x is tiny and stays
-//       in L1), and keeps one float32 sum per token;
-//     the 32 lanes add their sums with shuffles; lane 0 writes y[t, o] for every token t.
+//     a warp owns rows gw, gw + W, gw + 2W, ... of weight [out, in] (gw: its number in the
+//     grid, W: the warps in the grid, ~16 per SM: a persistent kernel, one wave);
+//     a row is cut into units of 2048 columns (4 KB: 8 pieces of 16 bytes per lane);
+//     each lane keeps its copies of the next kStages - 1 units in flight in a ring of
+//     kStages slots while it computes with the current one: 8 warps x 2 x 4 KB per block;
+//     per unit, each piece times the same 8 columns of every token's x (tiny: it stays in
+//     L1) into one float32 sum per token; at a row's last unit the 32 lanes add their sums
+//     with shuffles and lane 0 writes y[t, row] for every token t.
 //
-// Each weight byte is loaded once, by one lane, with a streaming load (it will not be read
-// again this step, so it should not push x out of the caches). float32 accumulation, one
-// rounding at the end, like cuBLAS with CUBLAS_COMPUTE_32F: the result equals linear_native
-// within the bf16 tolerance. bf16 in; bf16 or float32 out (the logits).
+// Each weight byte is read once, by one lane; a lane reads back only the slots it filled, so
+// no barrier is needed. float32 accumulation, one rounding at the end, like cuBLAS with
+// CUBLAS_COMPUTE_32F: the result equals linear_native within the bf16 tolerance. bf16 in;
+// bf16 or float32 out (the logits).
 //
 // On an sm_90 GPU the launch may use programmatic dependent launch (PDL): the kernel may start
 // while the previous kernel of the stream is still finishing. Weights do not depend on it, so
-// each warp issues its first loads before `griddepcontrol.wait`, which returns once the
+// each lane issues its first units' copies before `griddepcontrol.wait`, which returns once the
 // previous kernel has finished and its writes are visible; only then are x read and y written
 // (solutions/common/pdl.cuh; the kernels that run before a GEMV in a decode step, RMSNorm and
 // SiLU-mul, call allow_next_kernel_to_start() first thing, so it can start that early).
@@ -29,80 +32,80 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
 constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pays for tiles
-constexpr int kThreads = 256;      // 8 warps: 8 output rows per block
+constexpr int kThreads = 128;      // 4 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 8;         // 16-byte pieces in flight per lane: 4 KB per warp
-constexpr int kRound = 32 * kUnroll;  // pieces of a row a warp reads per round (2048 columns)
-// Blocks an SM holds at once (it caps the registers at 128 per thread): 16 warps x 4 KB in
-// flight per SM, twice the ~30 KB that keep an H200's memory busy.
-constexpr int kBlocksPerSM = 2;
+constexpr int kPieces = 8;            // 16-byte pieces per lane per unit
+constexpr int kUnit = 32 * kPieces;   // pieces per unit: 256 (2048 columns, 4 KB)
+constexpr int kStages = 3;            // ring slots per warp: 2 units in flight, 1 in use
+// The ring: kWarps x kStages x 4 KB = 48 KB, the most a block may take without opting in; an
+// H200 SM holds four such blocks (16 warps, 128 KB in flight), a T4's one.
 
 using BF8 = Pack<__nv_bfloat16, 8>;
 
-// One 16-byte piece: streamed (read once: evict first) or through the read-only cache (reused).
-__device__ __forceinline__ BF8 load_streaming(const BF8* p) {
-  const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(p));
-  return *reinterpret_cast<const BF8*>(&raw);
-}
-__device__ __forceinline__ BF8 load_cached(const BF8* p) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-  return *reinterpret_cast<const BF8*>(&raw);
-}
+__device__ __forceinline__ BF8 as_bf8(const uint4& raw) { return reinterpret_cast<const BF8&>(raw); }
 
 // acc[t] += dot(w's 8 values, token t's 8 values of x at the same columns), t < tokens.
-// x_piece: that piece of token 0's x in shared memory; token t's is kRound pieces further.
+// x_piece: that piece of token 0's x; token t's is `pieces` (in / 8) pieces further.
 template <int kTokens>
 __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
-                                          const BF8* x_piece, int tokens) {
-  // TODO stage 06: widen w once; for each token t < tokens: read its x piece, 8 fmaf into acc[t] (about 11 lines)
+                                          const uint4* __restrict__ x_piece, int pieces,
+                                          int tokens) {
+  // TODO stage 06: widen w once; for each token t < tokens: load its x piece (__ldg), 8 fmaf into acc[t] (about 11 lines)
 }
 
-// This lane's pieces of one round of its row: lane, lane + 32, ... from `first` (none past
-// the row's end, none for a warp past the last row).
-__device__ __forceinline__ void load_round(BF8 (&ws)[kUnroll], const BF8* row, int first,
-                                           int pieces, int lane, bool active) {
+// Which weights unit i of a warp is: its row and its first piece. A warp's units run through
+// its rows in order, each row's units left to right.
+struct Unit {
+  int row, first;
+};
+__device__ __forceinline__ Unit unit_of(int i, int gw, int warps, int units_per_row) {
+  return Unit{gw + (i / units_per_row) * warps, (i % units_per_row) * kUnit};
+}
+
+// This lane's copies of unit i (if the warp has one) into ring slot i % kStages, as one group:
+// one group per unit, empty or not, so copies_wait counts units.
+__device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, int units,
+                                      int gw, int warps, int units_per_row, int pieces,
+                                      int lane) {
+  if (i < units) {
+    const Unit u = unit_of(i, gw, warps, units_per_row);
+    const uint4* src = weight + static_cast<int64_t>(u.row) * pieces;
+    uint4* slot = ring + (i % kStages) * kUnit;
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int c = first + lane + u * 32;
-    if (active && c < pieces) ws[u] = load_streaming(row + c);
+    for (int p = 0; p < kPieces; ++p) {
+      const int c = u.first + p * 32 + lane;
+      if (c < pieces) copy16(slot + p * 32 + lane, src + c, true);
+    }
   }
+  copies_commit();
 }
 
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] of OutT; in % 8 == 0, x and
-// weight 16-byte aligned, tokens <= kTokens. One warp per output row.
+// weight 16-byte aligned, tokens <= kTokens.
 template <int kTokens, typename OutT>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSM)
+__global__ void __launch_bounds__(kThreads)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
             OutT* __restrict__ y, int tokens, int in_features, int out_features) {
-  // This round's columns of every token's x, read once per block instead of once per warp
-  // (from L2, a long wait that would sit between each weight piece and its use).
-  __shared__ BF8 xs[kTokens * kRound];
-  const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-  // A warp past the last row loads and writes nothing, but still helps stage x and reaches
-  // every __syncthreads.
-  const bool active = row < out_features;
+  __shared__ uint4 rings[kWarps][kStages * kUnit];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int gw = blockIdx.x * kWarps + warp, warps = gridDim.x * kWarps;
   const int pieces = in_features / 8;
-  const BF8* w = reinterpret_cast<const BF8*>(weight) + static_cast<int64_t>(row) * pieces;
-  const BF8* xp = reinterpret_cast<const BF8*>(x);
+  const int units_per_row = (pieces + kUnit - 1) / kUnit;
+  const int rows = gw < out_features ? (out_features - gw + warps - 1) / warps : 0;
+  const int units = rows * units_per_row;
+  uint4* ring = rings[warp];
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+  const uint4* xp = reinterpret_cast<const uint4*>(x);
   float acc[kTokens];
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
-  BF8 ws[kUnroll];
-  // TODO stage 06: load_round 0 before wait_for_previous_kernel(); per round: stage x's columns of this round in xs (between two __syncthreads), fma_piece each piece, load_round the next one (about 17 lines)
-  if (!active) return;  // whole warps: the shuffles below need all 32 lanes
-#pragma unroll
-  for (int t = 0; t < kTokens; ++t) {
-    if (t < tokens) {
-      float sum = acc[t];
-      // TODO stage 06: butterfly sum over the 32 lanes (__shfl_xor_sync); lane 0 writes y[t, row] (about 3 lines)
-    }
-  }
+  // TODO stage 06: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per unit i: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces from the slot; at a row's last unit, butterfly sums and lane 0 writes y[t, row], acc back to 0 (about 27 lines)
 }
 
 namespace {
@@ -115,11 +118,25 @@ bool has_pdl_wait(Kernel kernel) {
   return cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
 }
 
+// Blocks of `kernel` that run at once on the whole GPU: the persistent grid's size.
+template <typename Kernel>
+int resident_blocks(Kernel kernel) {
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess)
+    return 0;
+  return sms * per_sm;
+}
+
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
                     int in_features, int out_features, bool pdl, cudaStream_t stream) {
-  // TODO stage 06: one warp per output row: ceil(out / kWarps) blocks of kThreads; cudaLaunchKernelEx, the PDL attribute when pdl and has_pdl_wait(the kernel) (about 13 lines)
-  return "TODO stage 06: one warp per output row: ceil(out / kWarps) blocks of kThreads; cudaLaunchKernelEx, the PDL attribute when pdl and has_pdl_wait(the kernel) (about 13 lines)";
+  static const bool kernel_waits = has_pdl_wait(gemv_kernel<kTokens, OutT>);
+  static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>);
+  if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
+  // TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when pdl and kernel_waits (about 13 lines)
+  return "TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when pdl and kernel_waits (about 13 lines)";
 }
 
 template <typename OutT>

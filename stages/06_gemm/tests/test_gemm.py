@@ -147,20 +147,21 @@ def test_rejects_bad_input(seed):
 #
 # The same two oracles as above (F.linear in float32, linear_native) and the same bf16
 # tolerance: the GEMV accumulates in float32 and rounds once, as cuBLAS does. Then the things a
-# GEMV gets wrong that a cuBLAS call cannot: rows past the end of the grid, a row length that is
-# not a multiple of the lanes' stride, the tokens past the first, and reading x before the
-# kernel that writes it has finished (programmatic dependent launch on an sm_90 GPU).
+# GEMV gets wrong that a cuBLAS call cannot: a row split into several units, a last unit partly
+# empty, warps with different numbers of rows, the tokens past the first, and reading x before
+# the kernel that writes it has finished (programmatic dependent launch on an sm_90 GPU).
 
 GEMV_HINT = (
-    "one warp per output row: row = blockIdx.x * kWarps + warp; lane l reads the row's 16-byte "
-    "pieces l, l + 32, l + 64, ... (in / 8 pieces in all, the last round partly empty), each "
-    "multiplied with the same 8 columns of every token's x (x + t * in / 8 pieces); then a "
-    "butterfly sum over the 32 lanes and lane 0 writes y[t * out + row]. Did you skip a round, "
-    "read past the row, or add token t's products into another token's sum?")
+    "a warp's units i = 0, 1, ... run through its rows gw, gw + W, ...; unit i sits in slot "
+    "i % kStages once copies_wait<kStages - 1>() returns after fetching unit i + kStages - 1; "
+    "lane l's pieces are slot[p * 32 + l] (columns u.first + p * 32 + l, none past in / 8), each "
+    "times the same pieces of every token's x (x + t * in / 8 pieces); at a row's last unit a "
+    "butterfly sum, lane 0 writes y[t * out + row], and acc goes back to 0. Did you skip a "
+    "partly empty unit, keep a row's sums for the next row, or mix two tokens' sums?")
 
 # (in, out): Llama-3.2-1B's decode projections (qkv, o, gate_up, down), SmolLM2's, and sizes
-# whose rows end in a partly empty round (in / 8 not a multiple of 32 * kUnroll = 256 pieces)
-# or whose last block has fewer rows than warps (out not a multiple of 8).
+# whose rows end in a partly empty unit (in / 8 not a multiple of 256 pieces), whose warps own
+# different numbers of rows, or with fewer rows than warps (out = 13).
 GEMV_SHAPES = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048), (576, 960),
                (1536, 576), (72, 211), (2056, 13), (4104, 100)]
 
