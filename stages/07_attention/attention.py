@@ -108,7 +108,28 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     max_seqlen_q: the longest query run, known on the host. Given, the CUDA path never waits for
     the GPU (the caller validated the offsets, as the engine does once per step); left out,
     the offsets are read and validated on the host first (one small copy per call).
+    The kernel's tile fits the GPU's shared memory per block (64 rows, or 32 on a T4 at
+    head_dim 128): see prefill_attention_with_smem_limit.
     Returns [Tq, n_heads, head_dim] bf16.
+    """
+    return prefill_attention_with_smem_limit(q, k, v, cu_seqlens, scale, None, out,
+                                             cu_seqlens_k=cu_seqlens_k,
+                                             max_seqlen_q=max_seqlen_q)
+
+
+def prefill_attention_with_smem_limit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                      cu_seqlens: torch.Tensor, scale: float,
+                                      smem_limit: int | None,
+                                      out: torch.Tensor | None = None, *,
+                                      cu_seqlens_k: torch.Tensor | None = None,
+                                      max_seqlen_q: int | None = None) -> torch.Tensor:
+    """prefill_attention with the kernel's shared memory per block capped at smem_limit bytes.
+
+    The kernel takes 64-row tiles where they fit that many bytes, else 32-row tiles, else it
+    refuses (RuntimeError: how much it needs, how much is allowed). None: the GPU's own limit
+    (cudaDevAttrMaxSharedMemoryPerBlockOptin), what prefill_attention uses. A T4's 64 * 1024
+    runs the T4's tile on any GPU: the tests do that. Ignored on CPU (attention_native).
+    The engine calls prefill_attention, whose signature stage 12's op shares.
     """
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if not q.is_cuda:
@@ -119,5 +140,5 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     parts.kernels().prefill_attention(q, k, v, cu_seqlens, cu_k, int(max_seqlen_q), float(scale),
-                                      out)
+                                      out, -1 if smem_limit is None else int(smem_limit))
     return out

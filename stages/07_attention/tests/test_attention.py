@@ -6,6 +6,8 @@ oracle that shares no code with this course), and the native twin attention_nati
 kernel reads bf16, computes in float32 and rounds once, so the bf16 tolerance applies.
 When the output is wrong, the test also tries the usual mistakes (KV head chosen by modulo,
 one causal mask over the whole batch, no mask, no scale) and names the one that matches.
+The kernel picks its tile from the GPU's shared memory per block: the tests given a smem_limit
+cap it at a T4's 64 KB (or less) so the 32-row tile runs on any GPU.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from grader import checks
 HEADS = [(9, 3, 64), (32, 8, 64), (4, 4, 128), (6, 2, 128), (32, 8, 128)]
 TOKENS = [1, 7, 127, 129, 1000]
 PACKED = [[1, 7, 129], [129, 1, 7, 64, 300], [3, 0, 70, 1], [65, 64, 63, 200]]
+# Shared memory per block: a T4's (opt-in), and any GPU's without cudaFuncSetAttribute.
+T4_SMEM = 64 * 1024
+NO_OPT_IN = 48 * 1024
 
 
 def attention_op():
@@ -115,11 +120,22 @@ def likely_cause(got, q, k, v, bounds: list[int], scale: float) -> str:
             "within the sequence, softmax(s - rowmax), then P @ V")
 
 
-def run_and_check(q, k, v, cu, scale: float, what: str) -> torch.Tensor:
+def run_op(q, k, v, cu, scale: float, smem_limit: int | None = None, **kwargs) -> torch.Tensor:
+    """prefill_attention, or with the kernel's shared memory capped at smem_limit bytes."""
+    if smem_limit is None:
+        return attention_op().prefill_attention(q, k, v, cu, scale, **kwargs)
+    return attention_op().prefill_attention_with_smem_limit(q, k, v, cu, scale, smem_limit,
+                                                            **kwargs)
+
+
+def run_and_check(q, k, v, cu, scale: float, what: str,
+                  smem_limit: int | None = None) -> torch.Tensor:
     """Launch into a poisoned buffer; compare with SDPA and the twin; inputs untouched."""
     before = [t.clone() for t in (q, k, v, cu)]
     out = checks.poison(torch.empty(q.shape, dtype=q.dtype, device="cuda"))
-    got = attention_op().prefill_attention(q, k, v, cu, scale, out=out)
+    got = run_op(q, k, v, cu, scale, smem_limit, out=out)
+    if smem_limit is not None:
+        what = f"{what}, at most {smem_limit} bytes of shared memory per block"
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr(), "prefill_attention(..., out=buf) must return buf"
     bounds = cu.tolist()
@@ -188,13 +204,14 @@ def test_other_head_dims(seed, d):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("smem_limit", [None, T4_SMEM], ids=["gpu-smem", "t4-smem"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_repeatable(seed, d):
+def test_repeatable(seed, d, smem_limit):
     """The same inputs give bitwise the same output, run after run: this kernel adds in a
     fixed order, so a difference can only be a race on shared memory (P is written over K's
     tile, and the next tile over P and V)."""
     q, k, v, cu = make_inputs(checks.generator("cuda", seed), [1000, 129], 32, 8, d)
-    runs = [attention_op().prefill_attention(q, k, v, cu, d ** -0.5) for _ in range(5)]
+    runs = [run_op(q, k, v, cu, d ** -0.5, smem_limit) for _ in range(5)]
     torch.cuda.synchronize()
     for i, again in enumerate(runs[1:], 2):
         differ = int((again.view(torch.int16) != runs[0].view(torch.int16)).sum())
@@ -245,9 +262,10 @@ CACHED = [[(1, 1)], [(1, 300)], [(64, 64), (5, 200), (1, 1000), (70, 71)], [(129
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("smem_limit", [None, T4_SMEM], ids=["gpu-smem", "t4-smem"])
 @pytest.mark.parametrize("runs", CACHED, ids=lambda v: "+".join(f"{a}of{b}" for a, b in v))
 @pytest.mark.parametrize("n_heads,n_kv,d", [(9, 3, 64), (32, 8, 128)], ids=lambda v: str(v))
-def test_queries_after_a_cached_prefix(seed, runs, n_heads, n_kv, d):
+def test_queries_after_a_cached_prefix(seed, runs, n_heads, n_kv, d, smem_limit):
     """More keys than queries (chunked prefill, stage 11): query i of a sequence with Lq
     queries and Lk keys is key position i + Lk - Lq, and sees the keys up to it."""
     gen = checks.generator("cuda", seed)
@@ -255,8 +273,8 @@ def test_queries_after_a_cached_prefix(seed, runs, n_heads, n_kv, d):
     q, _, _, cu_q = make_inputs(gen, lq, n_heads, n_kv, d)
     _, k, v, cu_k = make_inputs(gen, lk, n_heads, n_kv, d)
     out = checks.poison(torch.empty(q.shape, dtype=q.dtype, device="cuda"))
-    got = attention_op().prefill_attention(q, k, v, cu_q, d ** -0.5, out=out, cu_seqlens_k=cu_k,
-                                           max_seqlen_q=max(lq))
+    got = run_op(q, k, v, cu_q, d ** -0.5, smem_limit, out=out, cu_seqlens_k=cu_k,
+                 max_seqlen_q=max(lq))
     # The oracle: each sequence's queries are the last rows of a full-length causal attention.
     expected = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
     bq, bk = cu_q.tolist(), cu_k.tolist()
@@ -271,3 +289,38 @@ def test_queries_after_a_cached_prefix(seed, runs, n_heads, n_kv, d):
                         hint="a sequence's queries are its LAST positions: query i sits at key "
                              "position i + (len_k - len_q); read K/V from cu_seqlens_k, Q from "
                              "cu_seqlens_q")
+
+
+# (n_heads, n_kv_heads, head_dim, shared memory per block) -> the tile the kernel must pick:
+# a T4 runs head_dim 64 in 64-row tiles (about 50 KB) and 128 in 32-row tiles (about 49 KB;
+# 64 rows would take 98 KB); 48 KB forces 32-row tiles at 64 too; 16 KB at head_dim 24 gives
+# the generic path 32-row tiles with P in a space of its own (a row of P is longer than K's).
+SMALL_SMEM = [(9, 3, 64, T4_SMEM), (32, 8, 64, NO_OPT_IN), (6, 2, 128, T4_SMEM),
+              (32, 8, 128, T4_SMEM), (6, 2, 96, T4_SMEM), (6, 2, 24, 16 * 1024)]
+SMALL_LENS = [[1000], [1, 31, 32, 33, 0, 129]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens", SMALL_LENS, ids=lambda v: "+".join(map(str, v)))
+@pytest.mark.parametrize("n_heads,n_kv,d,smem_limit", SMALL_SMEM, ids=lambda v: str(v))
+def test_within_a_t4s_shared_memory(seed, lens, n_heads, n_kv, d, smem_limit):
+    """The kernel with its shared memory capped, as on a T4 (64 KB per block, opt-in): it must
+    take 32-row tiles where 64 rows do not fit, and give the same answers."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), lens, n_heads, n_kv, d)
+    run_and_check(q, k, v, cu, d ** -0.5, f"sequences {lens}, heads {n_heads}/{n_kv}, "
+                  f"head_dim {d}", smem_limit=smem_limit)
+
+
+@pytest.mark.gpu
+def test_refuses_too_little_shared_memory(seed):
+    """Where not even 32-row tiles fit, the op says how much it needs and what it may use."""
+    q, k, v, cu = make_inputs(checks.generator("cuda", seed), [3, 40], 4, 2, 128)
+    run_and_check(q, k, v, cu, 128 ** -0.5, "a valid call", smem_limit=T4_SMEM)
+    with pytest.raises(RuntimeError) as info:
+        run_op(q, k, v, cu, 128 ** -0.5, NO_OPT_IN)
+    message = str(info.value)
+    assert "shared memory" in message and str(NO_OPT_IN) in message, (
+        f"head_dim 128 in {NO_OPT_IN} bytes should be refused with a message that names the "
+        f"shared memory needed and the {NO_OPT_IN} bytes allowed, got: {message}")
+    with pytest.raises(RuntimeError, match="smem_limit"):
+        run_op(q, k, v, cu, 0.1, -2)
