@@ -8,10 +8,10 @@
 // hold, so here they go to shared memory with cp.async (solutions/common/cp_async.cuh):
 //
 //     a warp owns rows gw, gw + W, gw + 2W, ... of weight [out, in] (gw: its number in the
-//     grid, W: the warps in the grid, 8 per H200 SM: a persistent kernel, one wave);
+//     grid, W: the warps in the grid, ~16 per SM: a persistent kernel, one wave);
 //     a row is cut into units of 2048 columns (4 KB: 8 pieces of 16 bytes per lane);
-//     each lane keeps its copies of the next kStages - 1 = 5 units in flight in a ring of
-//     kStages slots while it computes with the current one;
+//     each lane keeps its copies of the next kStages - 1 units in flight in a ring of
+//     kStages slots while it computes with the current one: 8 warps x 2 x 4 KB per block;
 //     per unit, each piece times the same 8 columns of every token's x (tiny: it stays in
 //     L1) into one float32 sum per token; at a row's last unit the 32 lanes add their sums
 //     with shuffles and lane 0 writes y[t, row] for every token t.
@@ -38,15 +38,13 @@
 #include "vec.cuh"
 
 constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pays for tiles
-constexpr int kThreads = 64;       // 2 warps
+constexpr int kThreads = 128;      // 4 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kPieces = 8;            // 16-byte pieces per lane per unit
 constexpr int kUnit = 32 * kPieces;   // pieces per unit: 256 (2048 columns, 4 KB)
-constexpr int kStages = 6;            // ring slots per warp: 5 units in flight, 1 in use
+constexpr int kStages = 3;            // ring slots per warp: 2 units in flight, 1 in use
 // The ring: kWarps x kStages x 4 KB = 48 KB, the most a block may take without opting in; an
-// H200 SM holds four such blocks (8 warps, 160 KB in flight), a T4's one. Few warps with deep
-// rings rather than many with shallow ones: a warp's units then span several rows, and a
-// 4-unit row (in = 8192) is in flight at once instead of in two trips.
+// H200 SM holds four such blocks (16 warps, 128 KB in flight), a T4's one.
 
 using BF8 = Pack<__nv_bfloat16, 8>;
 
