@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -91,20 +92,7 @@ __device__ __forceinline__ int lanes_per_key(int pieces) {
 // Query heads a block computes: the group for 1..4, 8 (padded) for 5..8, chunks of 8 above.
 inline int heads_per_block(int group) { return group <= 4 ? group : 8; }
 
-// ---- cp.async: 16 bytes global -> shared without passing through registers (sm_80+) ----
-// With ok = false nothing is read (src-size 0) and the 16 bytes are zero-filled.
-__device__ __forceinline__ void copy16(uint4* dst, const void* src, bool ok) {
-  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src),
-               "r"(ok ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Wait until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void copies_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
+// cp.async (copy16, copies_commit, copies_wait): solutions/common/cp_async.cuh.
 
 // 8 bf16 (16 bytes) -> 8 floats: a bf16 is the top half of a float32.
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
