@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -141,6 +142,7 @@ struct Running {
 // kD: head_dim, or 0 to read it from p.head_dim (a multiple of 8 up to 128).
 template <int kD, int kG>
 __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kernel(Params p) {
+  allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   constexpr int kU = unroll(kG);  // keys per lane per step
   constexpr int kWarps = kThreads / 32;
   const int d = kD ? kD : p.head_dim;
@@ -317,6 +319,7 @@ __device__ float block_reduce(float x, float* red) {
 // hold keys (ceil(len / partition_keys) of them):
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
+  allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   const int b = blockIdx.x / p.n_heads;
   const int d = p.head_dim;
   __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
