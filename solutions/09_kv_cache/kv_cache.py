@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -124,20 +125,20 @@ class StepPlan:
         if not steps:
             raise ValueError("a step needs at least one sequence")
         bs, n_blocks = cache.block_size, cache.num_blocks
-        positions, slot_mapping, cu_q, cu_k, lens = [], [], [0], [0], []
+        positions, slot_mapping, lens = [], [], []
         decode = all(s.new == 1 for s in steps)
         key_rows = [] if not decode and any(s.cached for s in steps) else None
         for s in steps:
             blocks, start, end = s.blocks, s.cached, s.cached + s.new
             # The blocks this step writes must exist (the kernels would write elsewhere); the
             # allocator that made the table vouches for the rest.
-            if start < 0 or s.new < 1 or end > len(blocks) * bs \
-                    or not 0 <= blocks[start // bs] < n_blocks \
-                    or not 0 <= blocks[(end - 1) // bs] < n_blocks:
+            if not (0 <= start < end <= len(blocks) * bs
+                    and 0 <= blocks[start // bs] < n_blocks
+                    and 0 <= blocks[(end - 1) // bs] < n_blocks):
                 raise ValueError(f"bad sequence step {s}: {s.cached} cached + {s.new} new "
                                  f"tokens must fit its {len(blocks)} block(s) of {bs} positions, "
                                  f"numbered 0..{n_blocks - 1}, with at least one new token")
-            if s.new == 1:
+            if end - start == 1:
                 positions.append(start)
                 slot_mapping.append(blocks[start // bs] * bs + start % bs)
             else:
@@ -145,12 +146,11 @@ class StepPlan:
                 slot_mapping.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             if key_rows is not None:
                 key_rows.extend(blocks[p // bs] * bs + p % bs for p in range(end))
-            cu_q.append(cu_q[-1] + s.new)
-            cu_k.append(cu_k[-1] + end)
             lens.append(end)
-        return cls(positions=positions, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-                   slot_mapping=slot_mapping, block_tables=[s.blocks for s in steps],
-                   context_lens=lens, key_rows=key_rows, decode=decode)
+        return cls(positions=positions, cu_seqlens_q=[0, *accumulate(s.new for s in steps)],
+                   cu_seqlens_k=[0, *accumulate(lens)], slot_mapping=slot_mapping,
+                   block_tables=[s.blocks for s in steps], context_lens=lens,
+                   key_rows=key_rows, decode=decode)
 
     @property
     def seq_slots(self) -> list[int]:

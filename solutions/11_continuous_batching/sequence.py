@@ -63,7 +63,7 @@ class Sequence:
     def num_uncached(self) -> int:
         """Tokens whose K/V are not in the cache yet: what the next steps must run."""
         # BEGIN SOLUTION: tokens minus cached ones
-        return self.num_tokens - self.num_cached
+        return len(self.token_ids) - self.num_cached
         # END SOLUTION
 
     @property
@@ -77,7 +77,7 @@ class Sequence:
         # BEGIN SOLUTION: num_cached += num_scheduled, reset num_scheduled; append token only if nothing is left uncached
         self.num_cached += self.num_scheduled
         self.num_scheduled = 0
-        if self.num_cached < self.num_tokens:
+        if self.num_cached < len(self.token_ids):
             return False
         self.token_ids.append(int(token))
         return True

@@ -37,6 +37,7 @@ write their K/V there.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 
@@ -92,9 +93,13 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pad_block = 0
         self.blocks = [Block(i) for i in range(num_blocks)]
-        # Free blocks in the order they were freed (a dict keeps insertion order): the first
-        # is the least recently used, the one a fresh allocation takes.
-        self.free_blocks: dict[int, None] = dict.fromkeys(range(1, num_blocks))
+        # Free blocks in the order they were freed: the first is the least recently used, the
+        # one a fresh allocation takes. An OrderedDict, not a dict: both keep insertion order
+        # and delete any key in O(1), but a dict's first key is found by walking over the
+        # slots of the keys deleted before it (until the dict is next resized), so taking
+        # blocks from the front of a pool of many thousands costs microseconds per block;
+        # OrderedDict.popitem(last=False) takes it in O(1).
+        self.free_blocks: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.hash_to_block: dict[int, int] = {}
         # Per sequence (by seq_id): the chain hashes of its registered full blocks, in order.
         self.seq_hashes: dict[int, list[int]] = {}
@@ -122,9 +127,8 @@ class BlockManager:
     def _take_fresh(self) -> Block:
         """The least recently used free block, emptied for new contents (if it was in the
         prefix cache, that entry is evicted)."""
-        # BEGIN SOLUTION: pop the first free block; drop its hash_to_block entry if it is the one registered (count an eviction); reset hash/tokens/parent, a new serial, ref_count 1
-        block = self.blocks[next(iter(self.free_blocks))]
-        del self.free_blocks[block.block_id]
+        # BEGIN SOLUTION: pop the first free block (free_blocks.popitem(last=False)); drop its hash_to_block entry if it is the one registered (count an eviction); reset hash/tokens/parent, a new serial, ref_count 1
+        block = self.blocks[self.free_blocks.popitem(last=False)[0]]
         if block.hash is not None:
             if self.hash_to_block.get(block.hash) == block.block_id:
                 del self.hash_to_block[block.hash]
@@ -180,11 +184,11 @@ class BlockManager:
             return
         bs = self.block_size
         hashes = self.seq_hashes.setdefault(seq.seq_id, [])
-        # BEGIN SOLUTION: for the blocks past len(hashes) that are full and cached: chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent)
         start = len(hashes)
+        if seq.num_cached // bs <= start:
+            return   # no block filled since the last call: most decode steps end here
+        # BEGIN SOLUTION: for the blocks past len(hashes) that are full and cached (within num_cached and the table): chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent)
         end = min(seq.num_cached // bs, len(seq.block_table))
-        if start >= end:
-            return
         parent = -1
         if start:
             previous = self.hash_to_block.get(hashes[-1])
@@ -241,15 +245,15 @@ class BlockManager:
     def can_append(self, seq) -> bool:
         """Can seq's newest token get a position (a free block, if it starts a new one)?"""
         # BEGIN SOLUTION: a new block is needed when the table covers fewer than num_tokens positions
-        needs_block = len(seq.block_table) * self.block_size < seq.num_tokens
-        return not needs_block or self.num_free_blocks > 0
+        needs_block = len(seq.block_table) * self.block_size < len(seq.token_ids)
+        return not needs_block or len(self.free_blocks) > 0
         # END SOLUTION
 
     def append(self, seq) -> None:
         """Before a decode step: a fresh block if the newest token starts one; blocks that
         the tokens cached so far filled get their hashes."""
         # BEGIN SOLUTION: take a fresh block when the table is short; then _register
-        if len(seq.block_table) * self.block_size < seq.num_tokens:
+        if len(seq.block_table) * self.block_size < len(seq.token_ids):
             seq.block_table.append(self._take_fresh().block_id)
         self._register(seq)
         # END SOLUTION

@@ -64,6 +64,7 @@ class LLMEngine:
         self.eos_ids = frozenset(eos_ids)
         self.config = config or EngineConfig()
         self.runner = ModelRunner(model, self.config)
+        self.max_model_len = self.runner.max_len   # positions per sequence
         c = self.config
         self.scheduler = _sched.Scheduler(_sched.SchedulerConfig(
             max_model_len=self.runner.max_len,
@@ -78,10 +79,6 @@ class LLMEngine:
         self._ids = itertools.count()
         self._stopping = parts.load("02", "stopping")
         self._detokenizer = parts.load("02", "detokenizer").IncrementalDetokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.runner.max_len
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. ValueError if it can never run."""
@@ -164,11 +161,13 @@ class LLMEngine:
 
     def _collect(self, seqs, tokens: list[int], ahead: bool = False) -> list[RequestOutput]:
         """The tokens of a finished step: ahead, each sequence's placeholder becomes its real
-        token; else the step completes now. Sequences that stopped meanwhile are skipped."""
-        outputs = []
+        token; else the step completes now. Sequences that stopped meanwhile are skipped: a
+        finished or aborted request has left self.requests (one lookup per sequence)."""
+        outputs, requests = [], self.requests
         for seq, token in zip(seqs, tokens):
-            if seq.is_finished or seq.seq_id not in self.requests:
-                continue                     # stopped or aborted while this step ran
+            req = requests.get(seq.seq_id)
+            if req is None:
+                continue                     # finished or aborted while this step ran
             if ahead:
                 seq.token_ids[-1] = token        # its placeholder, the newest token
             else:
@@ -176,7 +175,7 @@ class LLMEngine:
                 self.scheduler.allocator.computed(seq)
                 if not kept:
                     continue                 # a prompt chunk: its sample means nothing
-            outputs.append(self._emit(self.requests[seq.seq_id], token))
+            outputs.append(self._emit(req, token))
         return outputs
 
     def _emit(self, req: _Request, token: int) -> RequestOutput:
@@ -187,8 +186,9 @@ class LLMEngine:
         if reason is None and len(seq.token_ids) > self.max_model_len:
             reason = "context"   # its next token would need a position past the context
         if reason is None:
-            # no text (token ids only) has nothing to hold back
-            safe = req.checker.safe_text(req.text, finished=False) if req.text else ""
+            if not req.text:     # token ids only: no text to hold back or send
+                return RequestOutput(seq.seq_id, "", [token], False, None)
+            safe = req.checker.safe_text(req.text, finished=False)
         else:
             safe = req.final_text()
             self.scheduler.finish(seq, reason)

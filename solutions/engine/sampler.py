@@ -211,13 +211,13 @@ class SamplingTensors:
         """
         if len(params) != len(steps):
             raise ValueError(f"{len(params)} sampling params but {len(steps)} steps")
+        if all(p.greedy for p in params):
+            # Every row takes the argmax: no per-row tensors to build (and no copies to make).
+            return cls(None, None, None, None, None, needs_filter=False, all_greedy=True)
         unseeded = [i for i, p in enumerate(params) if not p.greedy and p.seed is None]
         if unseeded:
             raise ValueError(f"row {unseeded[0]} samples at random but has no seed: give each "
                              "request one when it is admitted (SamplingParams.with_seed())")
-        if all(p.greedy for p in params):
-            # Every row takes the argmax: no per-row tensors to build (and no copies to make).
-            return cls(None, None, None, None, None, needs_filter=False, all_greedy=True)
         to_device = parts.load("08", "attention_metadata").to_device   # pinned, non-blocking
 
         def rows(values: list, dtype: torch.dtype) -> torch.Tensor:
@@ -232,5 +232,5 @@ class SamplingTensors:
                        torch.int64),
             steps=rows([int(s) for s in steps], torch.int64),
             needs_filter=any(p.needs_filter for p in params),
-            all_greedy=all(p.greedy for p in params),
+            all_greedy=False,
         )

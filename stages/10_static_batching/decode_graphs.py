@@ -122,16 +122,15 @@ class DecodeGraphs:
         rewriting every table every step costs more host time than the whole graph replay.
         "Changed" means another list, or another length or last block: an allocator changes a
         table by appending to it or by replacing it, never by editing blocks in place."""
-        pad = self.cache.pad_slot
+        pad, written, written_len = self.cache.pad_slot, self._written, self._written_len
         for i, table in enumerate(block_tables):
-            seen = (len(table), table[-1])
-            if self._written[i] is not table or self._written_len[i] != seen:
+            if written[i] is not table or written_len[i] != (len(table), table[-1]):
                 self.host_tables[i, : len(table)] = table
-                self._written[i], self._written_len[i] = table, seen
+                written[i], written_len[i] = table, (len(table), table[-1])
         for i in range(len(block_tables), size):
-            if self._written[i] is not None:
+            if written[i] is not None:
                 self.host_tables[i, 0] = pad
-                self._written[i], self._written_len[i] = None, None
+                written[i], written_len[i] = None, None
 
     def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
               context_lens: list[int], block_tables: list[list[int]], size: int) -> None:
