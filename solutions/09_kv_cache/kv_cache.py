@@ -87,7 +87,7 @@ class KVCache:
         # END SOLUTION
 
 
-@dataclass
+@dataclass(slots=True)   # made for every sequence of every step: slots make it cheaper
 class SeqStep:
     """One sequence's share of a step: the cache blocks it owns, in order (here one block, its
     slot: `[slot]`; stage 13 pages the cache), tokens already cached, new tokens."""

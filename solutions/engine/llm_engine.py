@@ -33,7 +33,7 @@ PLACEHOLDER = -1
 _sched = parts.load("11", "scheduler")
 
 
-@dataclass
+@dataclass(slots=True)   # one per running request per step: slots make it cheaper to build
 class RequestOutput:
     """What one step produced for one request: the text it can show now (held-back text
     that may start a stop string comes later), the tokens, and whether it is done."""

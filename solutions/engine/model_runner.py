@@ -103,6 +103,9 @@ class ModelRunner:
 
     def __init__(self, model, config: EngineConfig):
         self.model, self.config = model, config
+        # (ids of its SamplingParams, the SamplingParams, their SamplingTensors): see
+        # _sampling_tensors
+        self._greedy_batch: tuple = (None, None, None)
         self.max_len = config.model_len(model)
         self.paged = config.use_paging()
         use_graphs = config.use_cuda_graphs and model.device.type == "cuda"
@@ -176,8 +179,21 @@ class ModelRunner:
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
             rows = meta.last_rows
         logits = model.compute_logits(hidden, rows)
-        generated = [len(s.token_ids) - len(s.prompt_ids) for s in seqs]
-        st = sampler.SamplingTensors.from_params([s.params for s in seqs], generated,
-                                                 model.device)
+        st = self._sampling_tensors(seqs)
         return sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
                               needs_filter=st.needs_filter, all_greedy=st.all_greedy)
+
+    def _sampling_tensors(self, seqs: list) -> sampler.SamplingTensors:
+        """The sampler's rows for these sequences. A batch whose every request is greedy needs
+        none; most decode steps run the same requests as the step before, so the last
+        all-greedy batch is remembered by the identity of its SamplingParams objects (kept
+        alive here, so no other object can take one of their ids) and not checked again."""
+        params = [s.params for s in seqs]
+        key = tuple(map(id, params))
+        if key == self._greedy_batch[0]:
+            return self._greedy_batch[2]
+        generated = [len(s.token_ids) - len(s.prompt_ids) for s in seqs]
+        st = sampler.SamplingTensors.from_params(params, generated, self.model.device)
+        if st.all_greedy:
+            self._greedy_batch = (key, params, st)
+        return st

@@ -78,7 +78,7 @@ class KVCache:
         raise NotImplementedError("TODO stage 09: index_select the rows from flat views of k[layer] and v[layer] (about 3 lines)")
 
 
-@dataclass
+@dataclass(slots=True)   # made for every sequence of every step: slots make it cheaper
 class SeqStep:
     """One sequence's share of a step: the cache blocks it owns, in order (here one block, its
     slot: `[slot]`; stage 13 pages the cache), tokens already cached, new tokens."""
