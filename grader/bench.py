@@ -82,6 +82,16 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _benchmark_rows(out_json: Path) -> list[dict]:
+    """pytest-benchmark's rows, or none when the child left no readable file (pytest-benchmark
+    opens it at start and fills it at the end: a child that crashed or was stopped leaves it
+    empty). The caller then prints the child's output instead."""
+    try:
+        return json.loads(out_json.read_text())["benchmarks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def _run_side(stage: manifest.Stage, side: str, student_ids: list[str],
               student_root: Path | None, tmp: Path) -> tuple[list[dict], list[dict], str]:
     """One child: pytest-benchmark's rows, the notes (skips, WRONG), and its output's tail."""
@@ -100,7 +110,7 @@ def _run_side(stage: manifest.Stage, side: str, student_ids: list[str],
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
     except subprocess.TimeoutExpired:
         tail = f"stopped after {CHILD_TIMEOUT_S} s"
-    rows = json.loads(out_json.read_text())["benchmarks"] if out_json.exists() else []
+    rows = _benchmark_rows(out_json)
     noted = ([json.loads(line) for line in notes.read_text().splitlines() if line.strip()]
              if notes.exists() else [])
     return rows, noted, tail

@@ -108,3 +108,22 @@ def test_tflops_for_a_case_with_flops():
                                           "flops": 2 * 10**12, "column": "yours"},
                            "stats": {"median": 0.5}}], [])
     assert "4.0 TFLOP/s" in gbench.render(rows, ("yours",))
+
+
+def test_a_child_that_leaves_an_empty_json_prints_its_output(tmp_path, monkeypatch, capsys):
+    """pytest-benchmark opens its JSON at start and fills it at the end: a timing child that
+    crashes leaves it empty. Seen on the H200 as a JSONDecodeError traceback; now the run says
+    it measured nothing and shows the child's last lines."""
+    import subprocess
+
+    def crashed_child(cmd, **kwargs):
+        out = cmd[cmd.index("--benchmark-json") + 1]
+        open(out, "w").close()
+        return subprocess.CompletedProcess(cmd, -11, stdout="collected 3 items\n",
+                                           stderr="Fatal Python error: Segmentation fault\n")
+    monkeypatch.setattr(gbench, "_has_cuda", lambda: True)
+    monkeypatch.setattr(gbench.subprocess, "run", crashed_child)
+    assert gbench.main(manifest.find("04"), tmp_path, solution=True) == 0
+    out = capsys.readouterr().out
+    assert "the reference run measured nothing" in out
+    assert "Segmentation fault" in out
