@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from course import manifest
-from grader import capability, report, runner
+from grader import capability, children, report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:
@@ -129,6 +129,7 @@ def class_main(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    children.install()   # test and student processes end with the grader (grader/children.py)
     commands = {"list": list_main, "class": class_main}
     try:
         if argv and argv[0] in ("verify", "compile-check", "reset"):

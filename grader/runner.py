@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course import manifest, parts
+from grader import children
 from grader.pytest_plugin import RESULTS_ENV, SELECT_ENV, STICKY_EXIT
 
 NOT_GRADED = "not graded"
@@ -165,8 +166,8 @@ class _Child:
             chosen.write_text("\n".join(select) + "\n")
             env[SELECT_ENV] = str(chosen)
         out = None if self.verbose else subprocess.DEVNULL
-        proc = subprocess.Popen(self.cmd, env=env, cwd=manifest.ROOT, stdout=out,
-                                stderr=out, start_new_session=True)
+        proc = children.track(subprocess.Popen(self.cmd, env=env, cwd=manifest.ROOT, stdout=out,
+                                               stderr=out, start_new_session=True))
         return proc, results
 
 

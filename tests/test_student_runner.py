@@ -179,3 +179,45 @@ def test_a_child_that_dies_before_any_test_names_every_test(tmp_path):
     assert [t.outcome for t in tests] == ["crashed", "not_run"]
     assert "exited with status 3" in tests[1].message
     assert any("exited with status 3" in e for e in errors)
+
+
+def test_stopping_the_grader_stops_its_test_processes(tmp_path):
+    """Test processes run in sessions of their own (so a timeout can kill all they started),
+    out of reach of Ctrl-C: when the grader is stopped (SIGTERM, as `timeout` does, or
+    SIGINT) the one still running a test must end with it, not go on holding the GPU."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    pid_file = tmp_path / "pid"
+    (tmp_path / "test_slow.py").write_text(textwrap.dedent(f'''\
+        import os, time
+        def test_slow():
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(120)
+        '''))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        pid_file.unlink(missing_ok=True)
+        grader = subprocess.Popen(
+            [sys.executable, "-c", "import sys\nfrom grader import children, runner\n"
+             "children.install()\n"
+             "runner.run_tests([__import__('pathlib').Path(sys.argv[1])], "
+             "[], test_timeout=300)", str(tmp_path)],
+            cwd=manifest.ROOT, env={**os.environ, "PYTHONPATH": str(manifest.ROOT)})
+        deadline = time.time() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.time() < deadline and grader.poll() is None, "the test never started"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        grader.send_signal(sig)
+        grader.wait(timeout=30)
+        deadline = time.time() + 10
+        while True:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            # a zombie whose parent has gone is reaped by init; still running is the failure
+            assert time.time() < deadline, (
+                f"the test process {child} still runs after the grader got {sig.name}")
+            time.sleep(0.1)

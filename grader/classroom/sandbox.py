@@ -25,6 +25,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader import children
+
 
 def _address_space_limit() -> int | None:
     """RLIMIT_AS for a student's processes: 16 GiB (torch reserves a lot of address space),
@@ -152,9 +154,9 @@ def _limit(limits: Limits) -> None:
 def popen(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str],
           limits: Limits | None = None, **kw) -> subprocess.Popen:
     """Start `argv` sandboxed, in a session of its own (so kill() reaches all of it)."""
-    return subprocess.Popen(command(argv, mounts, cwd), cwd=cwd, env=env,
-                            preexec_fn=functools.partial(_limit, limits or Limits()),
-                            start_new_session=True, **kw)
+    return children.track(subprocess.Popen(command(argv, mounts, cwd), cwd=cwd, env=env,
+                                           preexec_fn=functools.partial(_limit, limits or Limits()),
+                                           start_new_session=True, **kw))
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course import manifest
+from grader import children
 
 STAGE = "03"
 PART = "embedding.cu"
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--only", help="comma-separated students of CLASS")
     args = p.parse_args(argv)
+    children.install()
     ok, lines = check(args.out, args.only.split(",") if args.only else None)
     print("\n".join(lines))
     print("GPU CLASS:", {True: "as expected", None: "not graded (no CUDA device)",
