@@ -226,6 +226,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-compute75", action="store_true",
                    help="skip the T4 check (the sm_75 stages built as compute_75 PTX)")
     p.add_argument("--only-compute75", action="store_true", help="run the T4 check alone")
+    p.add_argument("--no-class", action="store_true",
+                   help="skip the hostile GPU class (tests/hostile/gpu_class.py, ~3-4 minutes)")
     p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT)
     args = p.parse_args(argv)
     if args.out:
@@ -248,8 +250,11 @@ def main(argv: list[str]) -> int:
         pytest_args=("-m", "gpu")) if everything else ([], [])
     t4 = None if args.no_compute75 else compute75(args.timeout)
     from tests.hostile import gpu_class   # a hostile class on stage 03's kernel (issue 9)
-    class_ok, class_lines = gpu_class.check(args.out / "gpu_class" if args.out else None) \
-        if everything else (True, [])
+    if args.no_class or not everything:
+        class_ok, class_lines = True, (["| GPU class | skipped (--no-class) |"]
+                                       if args.no_class else [])
+    else:
+        class_ok, class_lines = gpu_class.check(args.out / "gpu_class" if args.out else None)
     bench = {} if args.no_bench or not everything else {
         m: run_bench(m, args.out) for m in ("bench.kernels", "bench.throughput")}
 
