@@ -11,7 +11,7 @@
 //     grid, W: the warps in the grid, ~16 per SM: a persistent kernel, one wave);
 //     a row is cut into units of 2048 columns (4 KB: 8 pieces of 16 bytes per lane);
 //     each lane keeps its copies of the next kStages - 1 units in flight in a ring of
-//     kStages slots while it computes with the current one: 8 warps x 2 x 4 KB per block;
+//     kStages slots while it computes with the current one (4 warps x 2 x 4 KB per block);
 //     per unit, each piece times the same 8 columns of every token's x (tiny: it stays in
 //     L1) into one float32 sum per token; at a row's last unit the 32 lanes add their sums
 //     with shuffles and lane 0 writes y[t, row] for every token t.
