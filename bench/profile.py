@@ -13,7 +13,10 @@ Random bf16 weights with Llama-3.2-1B's shapes. For each batch size, B sequences
                  GPU time without launch overhead);
   engine step    whole engine steps (schedule, inputs, replay, logits, sampling, the copy
                  of the tokens back, detokenizing nothing) in a row: wall time per step, the
-                 host preparing each step while the GPU runs the one before.
+                 host preparing each step while the GPU runs the one before; and where the
+                 host's time went (host_breakdown): launching steps, scheduling, collecting
+                 tokens, and the rest, mostly waiting for the GPU's tokens. Near-zero waiting
+                 means the host, not the GPU, sets the pace.
 The floor is (weight bytes + K/V bytes read) over the copy bandwidth measured in the run.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ import time
 import torch
 
 from bench import floor as floor_mod
+from bench import report
 from bench.engine import SHAPES, build_models
 from bench.timing import Timer, copy_bandwidth, report_no_cuda
 
@@ -48,6 +52,41 @@ def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
         rows[name] = (us + e.device_time, n + 1)
     out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
     return out[:top]
+
+
+def host_breakdown(engine, steps: int) -> dict[str, float]:
+    """Run `steps` engine steps; microseconds per step: "step" (wall time), and of it "launch"
+    (runner.launch: inputs, graph replay, logits and sampling queued), "schedule", "collect"
+    (tokens into requests: detokenizing, stop checks) and "wait_and_rest" (the remainder:
+    mostly the wait for a step's tokens to come back from the GPU)."""
+    spent = {"launch": 0.0, "schedule": 0.0, "collect": 0.0}
+    owners = {"launch": engine.runner, "schedule": engine.scheduler, "collect": engine}
+    attrs = {"launch": "launch", "schedule": "schedule", "collect": "_collect"}
+
+    def timed(name: str, fn):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return call
+    for name, owner in owners.items():        # instance attributes shadow the methods
+        setattr(owner, attrs[name], timed(name, getattr(owner, attrs[name])))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        total = time.perf_counter() - t0
+    finally:
+        for name, owner in owners.items():
+            delattr(owner, attrs[name])
+    out = {name: t / steps * 1e6 for name, t in spent.items()}
+    out["step"] = total / steps * 1e6
+    out["wait_and_rest"] = out["step"] - sum(spent.values()) / steps * 1e6
+    return out
 
 
 def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
@@ -80,17 +119,15 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
         end.synchronize()
         replays.append(start.elapsed_time(end) * 1e3)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(30):                      # steady state: the host runs one step ahead
-        engine.step()
-    torch.cuda.synchronize()
-    step_us = (time.perf_counter() - t0) / 30 * 1e6
+    host = host_breakdown(engine, 30)        # steady state: the host runs one step ahead
+    step_us = host["step"]
     # The sequences hold context + ~30 cached tokens by now (prefill, the steps above).
     floor = floor_mod.step_floor_s(floor_mod.weight_bytes(model),
                                    floor_mod.kv_bytes_per_token(model),
                                    batch * (context + 30), bandwidth) * 1e6
     return {"batch": batch, "context": context, "graph_replay_us": statistics.median(replays),
             "engine_step_us": step_us, "floor_us": floor,
+            "host_us": {k: round(v, 1) for k, v in host.items()},
             "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels]}
 
 
@@ -114,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
               f"engine step {r['engine_step_us']:.0f} us (host and sync: "
               f"{r['engine_step_us'] - r['graph_replay_us']:.0f} us), floor {r['floor_us']:.0f} us "
               f"(replay at {100 * r['floor_us'] / r['graph_replay_us']:.0f}% of it)")
+        print(report.host_line(r["host_us"]))
         print("| kernel (one eager step) | GPU us | launches |\n|---|---:|---:|")
         for k in r["kernels"]:
             print(f"| {k['name']} | {k['us']:.1f} | {k['launches']} |")

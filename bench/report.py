@@ -118,6 +118,13 @@ def kernels_table(doc: dict) -> str:
     return "\n".join(rows)
 
 
+def host_line(h: dict) -> str:
+    """bench.profile's host_breakdown of an engine step, as one line."""
+    return (f"host per engine step: launch {h['launch']:.0f} us, schedule {h['schedule']:.0f} us, "
+            f"collect {h['collect']:.0f} us, waiting for the GPU and the rest "
+            f"{h['wait_and_rest']:.0f} us (near zero: the host sets the pace)")
+
+
 def profile_table(doc: dict, top: int = 8) -> str:
     p = doc.get("profile")
     if not p:
@@ -129,6 +136,8 @@ def profile_table(doc: dict, top: int = 8) -> str:
                    f"{replay:.0f} us, engine step {r['engine_step_us']:.0f} us (host and sync "
                    f"{r['engine_step_us'] - replay:.0f} us), floor {floor:.0f} us (replay at "
                    f"{100 * floor / replay:.0f}% of it).")
+        if r.get("host_us"):
+            out.append(host_line(r["host_us"]))
         out += ["| kernel (one eager step) | GPU us | launches |", "|---|---:|---:|"]
         out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["kernels"][:top]]
     return "\n".join(out)

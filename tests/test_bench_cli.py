@@ -79,3 +79,29 @@ def test_deadline_interrupts_a_long_compile():
     with pytest.raises(hf.CompileTimeout):
         with hf.deadline(0.2):
             time.sleep(5)
+
+
+def test_host_breakdown_on_a_cpu_engine(tmp_path):
+    """bench.profile's host accounting on a tiny CPU engine: the parts are measured, they add
+    up to no more than the step, and the engine's own methods are back afterwards."""
+    from bench.profile import host_breakdown
+    from course import parts
+    from grader import fixtures
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    fixtures.save_tiny_llama(tmp_path, "gqa_tied", eos_token_id=None)
+    config = parts.load("01", "config").load_config(tmp_path)
+    weights = parts.load("01", "checkpoint").load_weights(tmp_path, config)
+    model = parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
+    engine = LLMEngine(model, None, (), EngineConfig(max_model_len=64))
+    SamplingParams = parts.load("11", "sampling_params").SamplingParams
+    for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
+        engine.add_request(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()
+    host = host_breakdown(engine, 8)
+    assert set(host) == {"launch", "schedule", "collect", "step", "wait_and_rest"}
+    assert all(host[k] > 0 for k in ("launch", "schedule", "collect", "step"))
+    assert host["launch"] + host["schedule"] + host["collect"] <= host["step"] * 1.001
+    assert "launch" not in vars(engine.runner) and "_collect" not in vars(engine)
+    assert "schedule" not in vars(engine.scheduler)
+    assert engine.has_unfinished()   # 9 steps of 20 tokens: still running, as measured
