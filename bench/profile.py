@@ -147,14 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch in args.batch:
         r = profile_batch(model, batch, args.context, bandwidth)
         results.append(r)
-        print(f"\nbatch {batch}, context {args.context}: graph replay {r['graph_replay_us']:.0f} us, "
-              f"engine step {r['engine_step_us']:.0f} us (host and sync: "
-              f"{r['engine_step_us'] - r['graph_replay_us']:.0f} us), floor {r['floor_us']:.0f} us "
-              f"(replay at {100 * r['floor_us'] / r['graph_replay_us']:.0f}% of it)")
-        print(report.host_line(r["host_us"]))
-        print("| kernel (one eager step) | GPU us | launches |\n|---|---:|---:|")
-        for k in r["kernels"]:
-            print(f"| {k['name']} | {k['us']:.1f} | {k['launches']} |")
+        print("\n" + report.profile_table({"profile": {"results": [r]}}, top=len(r["kernels"])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth": bandwidth, "results": results}, f, indent=2)
