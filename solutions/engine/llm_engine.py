@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from course import parts
-from solutions.engine.model_runner import EngineConfig, ModelRunner
+from solutions.engine.model_runner import EngineConfig, ModelRunner, SampledTokens
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
 _sequence = parts.load("11", "sequence")
@@ -73,9 +73,9 @@ class LLMEngine:
                                        0 if c.chunked_prefill else self.runner.max_len),
             chunked_prefill=c.chunked_prefill), self.runner.allocator)
         self.requests: dict[int, _Request] = {}
-        # The step queued on the GPU: (its sequences, their sampled tokens on the device,
-        # whether it is a decode step), collected by the next call of step().
-        self._inflight: tuple[list, torch.Tensor, bool] | None = None
+        # The step queued on the GPU: (its sequences, their sampled tokens, whether it is a
+        # decode step), collected by the next call of step().
+        self._inflight: tuple[list, SampledTokens, bool] | None = None
         self._ids = itertools.count()
         self._stopping = parts.load("02", "stopping")
         self._detokenizer = parts.load("02", "detokenizer").IncrementalDetokenizer
