@@ -5,8 +5,10 @@
 
 Every projection of a Llama layer is one of these: q/k/v/o, gate/up/down, and the lm_head.
 The weight keeps torch's nn.Linear layout [out, in]; `linear` sends CUDA tensors to the
-cuBLAS call in gemm.cu, or for 1-8 bf16 tokens (a decode step) to the GEMV of gemv.cu, and
-CPU tensors to `linear_native`.
+cuBLAS call in gemm.cu, or for one bf16 token (a batch-1 decode step) to the GEMV of
+gemv.cu, and CPU tensors to `linear_native`. The GEMV handles 1-8 tokens, but measured on an
+H200 it is only worth it at one: at 4 tokens cuBLAS's small-M kernels took half its time
+(docs/gpu-runs.md), so `linear` asks for it at 2-8 tokens only when told to (gemv=True).
 
 On an sm_90 GPU the GEMV is launched with programmatic dependent launch (PDL: it may start
 streaming its weights while the previous kernel finishes); the environment variable
@@ -48,7 +50,7 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | Non
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, gemv: bool = True) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, gemv: bool | None = None) -> torch.Tensor:
     """y = x @ weight^T: cuBLAS or the GEMV on CUDA tensors (gemm.cu, gemv.cu), linear_native
     on CPU.
 
@@ -56,8 +58,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     out: optional [tokens, out] buffer (reuse it to time without allocating).
     out_dtype: x's dtype (default) or torch.float32, which keeps the float32 accumulator:
     the model's logits use it, so two scores closer than a bf16 step are not made equal.
-    gemv: let the GEMV take 1-8 bf16 tokens with 16-byte aligned rows (in % 8 == 0); False
-    sends every call to cuBLAS (to compare the two).
+    gemv: None (default) lets the GEMV take one bf16 token, True 1-8 of them (rows 16-byte
+    aligned, in % 8 == 0: gemm.cu's gemv_fits decides the rest); False sends every call to
+    cuBLAS (to compare the two).
     Returns y: [tokens, out].
     """
     if not x.is_cuda:
@@ -66,5 +69,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     if out is None:
         out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype,
                           device=x.device)
-    parts.kernels().linear(x, weight, out, _GEMV if gemv else 0)
+    use_gemv = x.shape[0] == 1 if gemv is None else gemv
+    parts.kernels().linear(x, weight, out, _GEMV if use_gemv else 0)
     return out

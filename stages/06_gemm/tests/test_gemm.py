@@ -180,7 +180,7 @@ def test_gemv_bf16(seed, tokens, in_features, out_features):
 def test_gemv_float32_logits(seed, in_features, out_features, tokens):
     """The lm_head of a decode step: float32 out, the accumulator not rounded to bf16."""
     x, w = make_inputs(checks.generator("cuda", seed), tokens, in_features, out_features)
-    got = linear_op().linear(x, w, out_dtype=torch.float32)
+    got = linear_op().linear(x, w, out_dtype=torch.float32, gemv=True)
     torch.cuda.synchronize()
     assert got.dtype == torch.float32, f"out_dtype=torch.float32 must give float32, got {got.dtype}"
     checks.assert_close(got, F.linear(x.float(), w.float()), dtype=torch.float32, atol=1e-4,
@@ -190,9 +190,10 @@ def test_gemv_float32_logits(seed, in_features, out_features, tokens):
 
 @pytest.mark.gpu
 def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
-    """The dispatch: 1-8 bf16 tokens with 16-byte aligned rows go to gemv_kernel; 9 tokens,
-    float16, a row length that is not a multiple of 8 and a misaligned x go to cuBLAS, and
-    every one of them is right."""
+    """The dispatch: by default one bf16 token goes to gemv_kernel and more to cuBLAS; with
+    gemv=True 1-8 bf16 tokens with 16-byte aligned rows do; 9 tokens, float16, a row length
+    that is not a multiple of 8 and a misaligned x always go to cuBLAS, and every one of them
+    is right."""
     gen = checks.generator("cuda", seed)
     op = linear_op()
     x, w = make_inputs(gen, 9, 2048, 512)
@@ -200,12 +201,18 @@ def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
     shifted = flat[1:].view(9, 2048).copy_(x)              # contiguous, 2 bytes off alignment
     half_x, half_w = x.half(), w.half()
     odd_x, odd_w = make_inputs(gen, 3, 100, 512)
-    cases = {"1 bf16 token": (x[:1], w, True), "8 bf16 tokens": (x[:8], w, True),
-             "9 bf16 tokens": (x, w, False), "float16": (half_x[:2], half_w, False),
-             "in = 100": (odd_x, odd_w, False), "misaligned x": (shifted[:2], w, False)}
-    for name, (xs, ws, expect_gemv) in cases.items():
+    # (x, weight, gemv argument, whether the GEMV must run): by default one token only
+    cases = {"1 bf16 token": (x[:1], w, None, True), "2 bf16 tokens": (x[:2], w, None, False),
+             "2 bf16 tokens, gemv=True": (x[:2], w, True, True),
+             "8 bf16 tokens, gemv=True": (x[:8], w, True, True),
+             "9 bf16 tokens, gemv=True": (x, w, True, False),
+             "1 bf16 token, gemv=False": (x[:1], w, False, False),
+             "float16, gemv=True": (half_x[:1], half_w, True, False),
+             "in = 100, gemv=True": (odd_x[:1], odd_w, True, False),
+             "misaligned x, gemv=True": (shifted[:1], w, True, False)}
+    for name, (xs, ws, gemv, expect_gemv) in cases.items():
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            got = op.linear(xs, ws)
+            got = op.linear(xs, ws, gemv=gemv)
             torch.cuda.synchronize()
         ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         used_gemv = any("gemv_kernel" in n for n in ran)
@@ -220,7 +227,8 @@ def _chain(x_big: torch.Tensor, src: torch.Tensor, w: torch.Tensor, out: torch.T
            tokens: int) -> None:
     # x is written by an add over 64 MB (tens of microseconds), then read at once by the GEMV.
     torch.add(src, 1.0, out=x_big)
-    linear_op().linear(x_big[: tokens * w.shape[1]].view(tokens, w.shape[1]), w, out=out)
+    linear_op().linear(x_big[: tokens * w.shape[1]].view(tokens, w.shape[1]), w, out=out,
+                       gemv=True)
 
 
 @pytest.mark.gpu
