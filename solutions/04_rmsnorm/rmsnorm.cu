@@ -58,9 +58,11 @@ __global__ void __launch_bounds__(1024)
 rmsnorm_kernel(T* out, T* residual, const T* x, const T* __restrict__ weight, int64_t hidden,
                float eps) {
   using P = Pack<T, N>;
-  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now
-  // (solutions/common/pdl.cuh); it reads what this kernel writes only after it has finished.
+  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
+  // one may have started before the previous kernel ended: x and residual only after the wait
+  // (solutions/common/pdl.cuh).
   allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // BEGIN SOLUTION: load (and add) this thread's packs into registers, block_sum the squares, scale, store
   const int64_t row_start = static_cast<int64_t>(blockIdx.x) * hidden;
   const int packs = static_cast<int>(hidden / N);
@@ -124,10 +126,10 @@ tvllm_status launch_rows(T* out, T* residual, const T* x, const T* weight, int64
   const int threads = static_cast<int>(tvllm_ceil_div(tvllm_ceil_div(packs, vecs), 32) * 32);
   const unsigned blocks = static_cast<unsigned>(rows);
   switch (vecs) {
-    case 1: rmsnorm_kernel<T, N, 1, kAdd><<<blocks, threads, 0, stream>>>(out, residual, x, weight, hidden, eps); break;
-    case 2: rmsnorm_kernel<T, N, 2, kAdd><<<blocks, threads, 0, stream>>>(out, residual, x, weight, hidden, eps); break;
-    case 4: rmsnorm_kernel<T, N, 4, kAdd><<<blocks, threads, 0, stream>>>(out, residual, x, weight, hidden, eps); break;
-    default: rmsnorm_kernel<T, N, 8, kAdd><<<blocks, threads, 0, stream>>>(out, residual, x, weight, hidden, eps); break;
+    case 1: launch_early(rmsnorm_kernel<T, N, 1, kAdd>, blocks, threads, 0, stream, out, residual, x, weight, hidden, eps); break;
+    case 2: launch_early(rmsnorm_kernel<T, N, 2, kAdd>, blocks, threads, 0, stream, out, residual, x, weight, hidden, eps); break;
+    case 4: launch_early(rmsnorm_kernel<T, N, 4, kAdd>, blocks, threads, 0, stream, out, residual, x, weight, hidden, eps); break;
+    default: launch_early(rmsnorm_kernel<T, N, 8, kAdd>, blocks, threads, 0, stream, out, residual, x, weight, hidden, eps); break;
   }
   return TVLLM_OK;
   // END SOLUTION

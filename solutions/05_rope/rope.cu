@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -43,6 +44,9 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
                             int head_dim, int64_t max_positions) {
   using P = Pack<T, N>;
   using F = Pack<float, N>;
+  // Launched early in a decode step: q and k only after the QKV GEMV has finished (pdl.cuh).
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // BEGIN SOLUTION: this token's position (out of range: NaN rows, *error = 1); loop over (head, chunk of N pairs); rotate with HF's roundings
   const int64_t t = blockIdx.x;
   const int64_t pos = positions[t];
@@ -87,9 +91,9 @@ tvllm_status launch_rows(T* q, T* k, const int64_t* positions, const float* cos_
   // BEGIN SOLUTION: one block per token; threads: a multiple of 32 covering (q_heads + k_heads) * chunks, at most 256 | return "{todo}";
   const int64_t items = static_cast<int64_t>(q_heads + k_heads) * (head_dim / 2 / N);
   const int threads = static_cast<int>(std::min<int64_t>(256, tvllm_ceil_div(items, 32) * 32));
-  rope_kernel<T, N><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
-      q, k, positions, cos_sin, error, q_stride, k_stride, q_heads, k_heads, head_dim,
-      max_positions);
+  launch_early(rope_kernel<T, N>, static_cast<unsigned>(tokens), threads, 0, stream, q, k,
+               positions, cos_sin, error, q_stride, k_stride, q_heads, k_heads, head_dim,
+               max_positions);
   return TVLLM_OK;
   // END SOLUTION
 }

@@ -39,9 +39,11 @@ __device__ __forceinline__ __nv_bfloat16 silu_mul_one(__nv_bfloat16 gate, __nv_b
 template <int kVec>
 __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ x,
                                 __nv_bfloat16* __restrict__ out, int64_t rows, int64_t inter) {
-  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now
-  // (solutions/common/pdl.cuh); it reads what this kernel writes only after it has finished.
+  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
+  // one may have started before the previous kernel ended: x only after the wait
+  // (solutions/common/pdl.cuh).
   allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // BEGIN SOLUTION: find this thread's row and column, load a pack of gate and of up, store
   const int64_t packs_per_row = inter / kVec;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -70,9 +72,9 @@ tvllm_status launch_silu_mul(const __nv_bfloat16* x, __nv_bfloat16* out, int64_t
   const int64_t threads_needed = rows * inter / (vec8 ? 8 : 1);
   const int64_t blocks = tvllm_ceil_div(threads_needed, kThreads);
   if (vec8) {
-    silu_mul_kernel<8><<<blocks, kThreads, 0, stream>>>(x, out, rows, inter);
+    launch_early(silu_mul_kernel<8>, blocks, kThreads, 0, stream, x, out, rows, inter);
   } else {
-    silu_mul_kernel<1><<<blocks, kThreads, 0, stream>>>(x, out, rows, inter);
+    launch_early(silu_mul_kernel<1>, blocks, kThreads, 0, stream, x, out, rows, inter);
   }
   return TVLLM_OK;
   // END SOLUTION

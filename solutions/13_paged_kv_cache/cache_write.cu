@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 
 namespace {
@@ -31,6 +32,9 @@ __global__ void cache_write_kernel(const uint4* __restrict__ k, const uint4* __r
                                    uint4* __restrict__ k_cache, uint4* __restrict__ v_cache,
                                    const int64_t* __restrict__ slot_mapping, int64_t k_stride,
                                    int64_t v_stride, int64_t packs, int64_t num_rows) {
+  // Launched early in a decode step: k and v only after rope has finished (pdl.cuh).
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // BEGIN SOLUTION: read this token's slot; skip it when negative or >= num_rows; copy the row's packs of k and v with a block-stride loop
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
@@ -64,9 +68,10 @@ tvllm_status launch_cache_write(const void* k, const void* v, void* k_cache, voi
   // BEGIN SOLUTION: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token | return "{todo}";
   const int64_t packs = row_elems / 8;
   const int threads = static_cast<int>(std::min<int64_t>(128, tvllm_ceil_div(packs, 32) * 32));
-  cache_write_kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
-      static_cast<const uint4*>(k), static_cast<const uint4*>(v), static_cast<uint4*>(k_cache),
-      static_cast<uint4*>(v_cache), slot_mapping, k_stride / 8, v_stride / 8, packs, num_rows);
+  launch_early(cache_write_kernel, static_cast<unsigned>(tokens), threads, 0, stream,
+               static_cast<const uint4*>(k), static_cast<const uint4*>(v),
+               static_cast<uint4*>(k_cache), static_cast<uint4*>(v_cache), slot_mapping,
+               k_stride / 8, v_stride / 8, packs, num_rows);
   return TVLLM_OK;
   // END SOLUTION
 }

@@ -168,6 +168,7 @@ struct Running {
 template <int kD, int kG>
 __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kernel(Params p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
+  wait_for_previous_kernel();    // launched early: the cache write must have finished
   constexpr int kU = unroll(kG);  // keys per lane per step
   constexpr int kWarps = kThreads / 32;
   const int d = kD ? kD : p.head_dim;
@@ -419,6 +420,7 @@ __device__ float block_reduce(float x, float* red) {
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
+  wait_for_previous_kernel();    // launched early: the partitions must have been written
   const int b = blockIdx.x / p.n_heads;
   const int d = p.head_dim;
   __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
@@ -482,15 +484,16 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
   const size_t merge = static_cast<size_t>(kThreads / 32) * kG * (p.head_dim + 2) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
-  paged_attention_kernel<kD, kG><<<grid, kThreads, rings > merge ? rings : merge, stream>>>(p);
+  launch_early(paged_attention_kernel<kD, kG>, grid, kThreads, rings > merge ? rings : merge, stream, p);
   if (p.partitions > 1) {
     const ReduceParams r{p.part_o,  p.part_ml,    p.out,        p.context_lens,
                          p.n_heads, p.head_dim, p.partitions, p.partition_keys, p.max_keys};
     const int rows = kReduceThreads / (p.head_dim / 4);
     const size_t smem = (static_cast<size_t>(p.partitions) + static_cast<size_t>(rows) * p.head_dim) *
                         sizeof(float);
-    paged_attention_reduce_kernel<<<static_cast<unsigned>(static_cast<int64_t>(batch) * p.n_heads),
-                                    kReduceThreads, smem, stream>>>(r);
+    launch_early(paged_attention_reduce_kernel,
+                 static_cast<unsigned>(static_cast<int64_t>(batch) * p.n_heads), kReduceThreads,
+                 smem, stream, r);
   }
   return TVLLM_OK;
   // END SOLUTION

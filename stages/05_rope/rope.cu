@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -43,6 +44,9 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
                             int head_dim, int64_t max_positions) {
   using P = Pack<T, N>;
   using F = Pack<float, N>;
+  // Launched early in a decode step: q and k only after the QKV GEMV has finished (pdl.cuh).
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // TODO stage 05: this token's position (out of range: NaN rows, *error = 1); loop over (head, chunk of N pairs); rotate with HF's roundings (about 33 lines)
 }
 

@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(kThreads)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
             OutT* __restrict__ y, int tokens, int in_features, int out_features) {
   __shared__ uint4 rings[kWarps][kStages * kUnit];
+  allow_next_kernel_to_start();  // the kernel after it may be scheduled (it waits for all of this)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gw = blockIdx.x * kWarps + warp, warps = gridDim.x * kWarps;
   const int pieces = in_features / 8;

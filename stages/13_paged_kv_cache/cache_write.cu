@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 
 namespace {
@@ -31,6 +32,9 @@ __global__ void cache_write_kernel(const uint4* __restrict__ k, const uint4* __r
                                    uint4* __restrict__ k_cache, uint4* __restrict__ v_cache,
                                    const int64_t* __restrict__ slot_mapping, int64_t k_stride,
                                    int64_t v_stride, int64_t packs, int64_t num_rows) {
+  // Launched early in a decode step: k and v only after rope has finished (pdl.cuh).
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   // TODO stage 13: read this token's slot; skip it when negative or >= num_rows; copy the row's packs of k and v with a block-stride loop (about 13 lines)
 }
 
@@ -47,6 +51,6 @@ tvllm_status launch_cache_write(const void* k, const void* v, void* k_cache, voi
   if (tokens > INT32_MAX) return "more than 2^31 - 1 tokens in one call";
   if (row_elems % 8 || k_stride % 8 || v_stride % 8)
     return "rows and row strides must be multiples of 8 elements (16 bytes)";
-  // TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 6 lines)
-  return "TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 6 lines)";
+  // TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 7 lines)
+  return "TODO stage 13: packs per row = row_elems / 8; threads: a multiple of 32 covering the packs, at most 128; one block per token (about 7 lines)";
 }

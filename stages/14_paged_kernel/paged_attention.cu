@@ -143,6 +143,7 @@ struct Running {
 template <int kD, int kG>
 __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kernel(Params p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
+  wait_for_previous_kernel();    // launched early: the cache write must have finished
   constexpr int kU = unroll(kG);  // keys per lane per step
   constexpr int kWarps = kThreads / 32;
   const int d = kD ? kD : p.head_dim;
@@ -320,6 +321,7 @@ __device__ float block_reduce(float x, float* red) {
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
+  wait_for_previous_kernel();    // launched early: the partitions must have been written
   const int b = blockIdx.x / p.n_heads;
   const int d = p.head_dim;
   __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
@@ -355,8 +357,8 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
 
 template <int kD, int kG>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; dynamic smem = the larger of the rings and the warp-merge area; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 15 lines)
-  return "TODO stage 14: grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; dynamic smem = the larger of the rings and the warp-merge area; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 15 lines)";
+  // TODO stage 14: grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; dynamic smem = the larger of the rings and the warp-merge area; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 16 lines)
+  return "TODO stage 14: grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; dynamic smem = the larger of the rings and the warp-merge area; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 16 lines)";
 }
 
 template <int kD>
