@@ -151,14 +151,6 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 
 namespace {
 
-// Whether this build of `kernel` waits in griddepcontrol.wait: only code compiled for sm_90 or
-// later has it (a compute_75 build run on an H200 does not), and only then may it launch early.
-template <typename Kernel>
-bool has_pdl_wait(Kernel kernel) {
-  cudaFuncAttributes attributes;
-  return cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
-}
-
 // Blocks of `kernel` that run at once on the whole GPU: the persistent grid's size.
 template <typename Kernel>
 int resident_blocks(Kernel kernel) {
@@ -173,7 +165,8 @@ int resident_blocks(Kernel kernel) {
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
                     int in_features, int out_features, bool pdl, cudaStream_t stream) {
-  static const bool kernel_waits = has_pdl_wait(gemv_kernel<kTokens, OutT>);
+  // only code built for sm_90 or later has the wait (pdl.cuh): only it may launch early
+  static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // BEGIN SOLUTION: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when pdl and kernel_waits | return "{todo}";
