@@ -29,18 +29,23 @@ Timing = tuple[float, int]    # (seconds, output tokens)
 
 # ------------------------------------------------------------------------------ environment
 
-def _command(args: list[str]) -> str | None:
+def _command(args: list[str], cwd: Path = ROOT) -> str | None:
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=10, cwd=ROOT)
+        out = subprocess.run(args, capture_output=True, text=True, timeout=10, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
         return None
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-def commit() -> str | None:
-    """The checkout's commit, with "+dirty" when tracked files have changed (None: no git)."""
-    head = _command(["git", "rev-parse", "--short=12", "HEAD"])
-    if head and _command(["git", "status", "--porcelain", "--untracked-files=no"]):
+def commit(root: Path = ROOT) -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files have changed. None when `root`
+    is not the top of a git checkout: a copy of the tree (e.g. `git archive`) inside some other
+    repository must not be labelled with that repository's commit."""
+    top = _command(["git", "rev-parse", "--show-toplevel"], root)
+    if top is None or Path(top).resolve() != root.resolve():
+        return None
+    head = _command(["git", "rev-parse", "--short=12", "HEAD"], root)
+    if head and _command(["git", "status", "--porcelain", "--untracked-files=no"], root):
         head += "+dirty"
     return head
 

@@ -165,3 +165,21 @@ def test_report_says_what_is_wrong_with_a_file(tmp_path, capsys):
     (tmp_path / "list.json").write_text("[1]")
     assert report.main([str(tmp_path / "list.json")]) == 2
     assert "a JSON object, not list" in capsys.readouterr().out
+
+
+def test_commit_is_only_read_from_the_checkout_itself(tmp_path):
+    """A tree copied into a folder of another git repository (a snapshot on a GPU machine) has
+    no commit of its own: it must not be labelled with the outer repository's."""
+    import subprocess
+    from bench import results
+    outer = tmp_path / "outer"
+    inner = outer / "snapshot"
+    inner.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    (outer / "f").write_text("x")
+    subprocess.run(git + ["-C", str(outer), "add", "f"], check=True)
+    subprocess.run(git + ["-C", str(outer), "commit", "-qm", "c"], check=True)
+    assert results.commit(inner) is None, "the snapshot took the outer repository's commit"
+    head = results.commit(outer)
+    assert head is not None and len(head) == 12, f"the checkout itself has a commit: {head!r}"
