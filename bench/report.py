@@ -138,7 +138,9 @@ def profile_table(doc: dict, top: int = 8) -> str:
                    f"{100 * floor / replay:.0f}% of it).")
         if r.get("host_us"):
             out.append(host_line(r["host_us"]))
-        out += ["| kernel (one eager step) | GPU us | launches |", "|---|---:|---:|"]
+        # Under PDL a kernel starts before the one before it ends: its time includes that wait.
+        out += ["| kernel (one eager step; launched early under PDL: its time counts the wait "
+                "for the kernel before) | GPU us | launches |", "|---|---:|---:|"]
         out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["kernels"][:top]]
     return "\n".join(out)
 
