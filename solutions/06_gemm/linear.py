@@ -9,19 +9,14 @@ H200 it is only worth it at one: at 4 tokens cuBLAS's small-M kernels took half 
 
 On an sm_90 GPU the GEMV is launched with programmatic dependent launch (PDL: it may start
 streaming its weights while the previous kernel finishes); the environment variable
-TINYVLLM_PDL=0 turns that off, e.g. to measure what it gains.
+TINYVLLM_PDL=0 turns that off, e.g. to measure what it gains (read in C++ by
+solutions/common/pdl.cuh's may_launch_early, for every kernel launched early).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
 from course import parts
-
-# gemm.cu's `gemv` argument: 2 = the GEMV for 1-8 bf16 tokens with PDL, 1 = without PDL
-_GEMV = 1 if os.environ.get("TINYVLLM_PDL") == "0" else 2
-
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or weight.dim() != 2:
@@ -67,5 +62,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype,
                           device=x.device)
     use_gemv = x.shape[0] == 1 if gemv is None else gemv
-    parts.kernels().linear(x, weight, out, _GEMV if use_gemv else 0)
+    parts.kernels().linear(x, weight, out, use_gemv)
     return out

@@ -124,24 +124,24 @@ int resident_blocks(Kernel kernel) {
 
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
-                    int in_features, int out_features, bool pdl, cudaStream_t stream) {
-  // only code built for sm_90 or later has the wait (pdl.cuh): only it may launch early
+                    int in_features, int out_features, cudaStream_t stream) {
+  // only code built for sm_90 or later has the wait, and TINYVLLM_PDL=0 says no (pdl.cuh)
   static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
-  // TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when pdl and kernel_waits (about 13 lines)
-  return "TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when pdl and kernel_waits (about 13 lines)";
+  // TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when kernel_waits (about 13 lines)
+  return "TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when kernel_waits (about 13 lines)";
 }
 
 template <typename OutT>
 tvllm_status launch_tokens(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
-                           int tokens, int in_features, int out_features, bool pdl,
+                           int tokens, int in_features, int out_features,
                            cudaStream_t stream) {
   // The smallest instance that holds `tokens`: acc[] lives in registers, so no larger.
-  if (tokens == 1) return launch<1>(x, weight, y, tokens, in_features, out_features, pdl, stream);
-  if (tokens == 2) return launch<2>(x, weight, y, tokens, in_features, out_features, pdl, stream);
-  if (tokens <= 4) return launch<4>(x, weight, y, tokens, in_features, out_features, pdl, stream);
-  return launch<8>(x, weight, y, tokens, in_features, out_features, pdl, stream);
+  if (tokens == 1) return launch<1>(x, weight, y, tokens, in_features, out_features, stream);
+  if (tokens == 2) return launch<2>(x, weight, y, tokens, in_features, out_features, stream);
+  if (tokens <= 4) return launch<4>(x, weight, y, tokens, in_features, out_features, stream);
+  return launch<8>(x, weight, y, tokens, in_features, out_features, stream);
 }
 
 }  // namespace
@@ -156,16 +156,16 @@ bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_featu
 }
 
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] bf16 (y_f32 false) or float32;
-// gemv_fits must hold. pdl: programmatic dependent launch where the kernel was built for it.
+// gemv_fits must hold. Programmatic dependent launch where the kernel was built for it and
+// TINYVLLM_PDL is not "0" (pdl.cuh's may_launch_early).
 tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
-                         int64_t in_features, int64_t out_features, bool pdl,
-                         cudaStream_t stream) {
+                         int64_t in_features, int64_t out_features, cudaStream_t stream) {
   if (!gemv_fits(true, tokens, in_features, out_features, x, weight))
     return "gemv: needs 1-8 tokens, in_features a multiple of 8 and 16-byte aligned x and weight";
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, pdl, stream)
-               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, pdl, stream);
+  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, stream)
+               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, stream);
 }
