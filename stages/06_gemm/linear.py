@@ -17,8 +17,9 @@ solutions/common/pdl.cuh's may_launch_early, for every kernel launched early).
 
 `plan_prefetch` hands each GEMV the weights of the GEMV after it, which it asks L2 for once
 its own product is done: between two GEMVs of a decode step the small kernels leave memory
-idle, and the next GEMV then finds (the first part of) its weights in L2 (gemv.cu).
-TINYVLLM_L2_PREFETCH_MB sets how much of each weight that is (default 16; 0 turns it off).
+idle, and the next GEMV could then find (the first part of) its weights in L2 (gemv.cu).
+TINYVLLM_L2_PREFETCH_MB sets how much of each weight that is. It is off (0) by default: it
+has not yet been measured on a GPU (docs/benchmarks.md says what to run).
 """
 from __future__ import annotations
 
@@ -46,11 +47,16 @@ def plan_prefetch(order: list[torch.Tensor], max_bytes: int | None = None) -> No
 
     order: [out, in] weights in the order a decode step reads them. max_bytes: how much of
     each, in whole rows from the top (the rows the next GEMV reads first); default
-    TINYVLLM_L2_PREFETCH_MB MiB, 16 unless set. L2 holds 50 MB on an H100/H200, so this asks
-    only for what the idle time between two GEMVs can fetch and L2 can keep.
+    TINYVLLM_L2_PREFETCH_MB MiB, 0 (no prefetch) unless set. L2 holds 50 MB on an H100/H200,
+    so ask only for what the idle time between two GEMVs can fetch and L2 can keep (~16 MB).
     """
     if max_bytes is None:
-        max_bytes = int(float(os.environ.get("TINYVLLM_L2_PREFETCH_MB", "16")) * 2**20)
+        setting = os.environ.get("TINYVLLM_L2_PREFETCH_MB", "0")
+        try:
+            max_bytes = int(float(setting) * 2**20)
+        except ValueError:
+            raise ValueError(f"TINYVLLM_L2_PREFETCH_MB must be a number of MiB, got {setting!r}") \
+                from None
     for weight, after in zip(order, order[1:] + order[:1]):
         rows = min(after.shape[0], max_bytes // (after.shape[1] * after.element_size()))
         # kept on the weight itself: the plan lives and dies with the model's tensors

@@ -282,12 +282,3 @@ def test_gemv_prefetch_plan_changes_no_result(seed):
                                      "bytes", hint="the prefetch runs after the product and "
                                      "must not touch y or the accumulators")
     op.plan_prefetch(ws, 0)
-
-
-@pytest.mark.gpu
-def test_gemv_prefetch_must_be_contiguous(seed):
-    """The binding refuses a prefetch it cannot hand over as one range of bytes."""
-    x, w = make_inputs(checks.generator("cuda", seed), 1, 2048, 1024)
-    out = torch.empty((1, 1024), dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(RuntimeError, match="prefetch must be contiguous"):
-        parts.kernels().linear(x, w, out, True, w.t())
