@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", metavar="DIR", help="a real checkpoint (HF layout) instead of "
                                                   "random Llama-3.2-1B-shaped weights")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--flush", choices=("read", "write"), default="read",
+                   help="empty the L2 before each kernel-table run by reading (default) or "
+                        "writing twice its size (bench.timing says why)")
     args = p.parse_args(argv)
     chosen = [w.strip() for w in (args.only or ",".join(ALL)).split(",") if w.strip()]
     unknown = [w for w in chosen if w not in ALL]
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
     else:
         hf, model = load_models(args.model, MAX_POSITIONS)
     log(f"models ready in {time.perf_counter() - t0:.1f} s")
-    timer = Timer(args.quick)
+    timer = Timer(args.quick, args.flush)
     copy_gbs, copy_t = copy_bandwidth(timer)
     doc["copy_bandwidth_GBps"] = copy_gbs
     log(f"copy bandwidth {copy_gbs:.0f} GB/s (1 GiB device-to-device, read + write, median of "

@@ -12,8 +12,9 @@ Method (llm.c's dev/cuda, and the course's METHOD):
   - each op's output is checked once against torch (grader.checks tolerances) before it is
     timed; a wrong op is reported WRONG and not timed;
   - timing uses CUDA events around one call, after a warm-up, and reports the median of many
-    runs; inputs rotate among several freshly drawn sets and the L2 cache is flushed (a write
-    of twice its size) before every run, outside the timed region, so no run reads warm data;
+    runs; inputs rotate among several freshly drawn sets and the L2 cache is flushed (a read
+    of twice its size, which leaves it clean: bench.timing says why not a write) before every
+    run, outside the timed region, so no run reads warm data;
   - before each run the GPU is also kept busy (torch.cuda._sleep) for longer than the host
     needs to launch the op, so the events time the device work, not Python's launch overhead
     (which is reported separately as "host us per call");
@@ -38,7 +39,8 @@ from typing import Any
 import torch
 
 from bench.cases import FAMILIES, Case, Ops, Outputs
-from bench.timing import COPY_BYTES, DEVICE, Timer, Timing, copy_bandwidth, report_no_cuda
+from bench.timing import (COPY_BYTES, DEVICE, FLUSHES, Timer, Timing, copy_bandwidth,
+                          report_no_cuda)
 
 # ------------------------------------------------------------------------------ correctness
 
@@ -326,6 +328,7 @@ def table_dict(rows: list[Row], fatal: str | None, ops: Ops, timer: Timer, copy_
                copy_t: Timing, seed: int, quick: bool) -> dict:
     """The kernel table as JSON: every row's times, GB/s (TFLOP/s) and share of the ceiling."""
     return {"seed": seed, "quick": quick, "l2_bytes": timer.l2_bytes,
+            "l2_flush": timer.flush_mode,
             "copy_bandwidth_GBps": copy_gbs, "copy": copy_t.as_dict(),
             "kernels_build": ops.build_error or "ok", "stopped": fatal,
             "rows": [row_dict(r, copy_gbs) for r in rows]}
@@ -339,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated subset of: {', '.join(FAMILIES)}")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the random inputs")
+    parser.add_argument("--flush", choices=FLUSHES, default="read",
+                        help="empty the L2 before each run by reading (default) or writing "
+                             "twice its size (the method before the fifth session)")
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -359,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ops = Ops()
     print(f"kernels: {ops.build_error or 'built and loaded'} "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
-    timer = Timer(args.quick)
+    timer = Timer(args.quick, args.flush)
     copy_gbs, copy_t = copy_bandwidth(timer)
-    print(f"L2 {timer.l2_bytes / 2**20:.0f} MiB (flush {timer.flush_us:.1f} us); "
+    print(f"L2 {timer.l2_bytes / 2**20:.0f} MiB ({args.flush} flush {timer.flush_us:.1f} us); "
           f"copy bandwidth {copy_gbs:.0f} GB/s ({COPY_BYTES / 2**30:g} GiB device-to-device, "
           f"read + write, median of {copy_t.runs})", flush=True)
 

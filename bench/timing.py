@@ -1,8 +1,17 @@
 """Timing on the GPU for the benchmarks: CUDA events, a cold L2 and the copy ceiling.
 
-Every run flushes the L2 (a write of twice its size) outside the timed region, and keeps the
-GPU busy (torch.cuda._sleep) for longer than the host needs to launch the op, so the events
-time device work, not Python's launch overhead (reported separately as host us per call).
+Every run flushes the L2 outside the timed region, and keeps the GPU busy (torch.cuda._sleep)
+for longer than the host needs to launch the op, so the events time device work, not Python's
+launch overhead (reported separately as host us per call).
+
+The flush READS twice the L2's size (a sum over a buffer): L2 is then full of clean lines of
+other data, and the op finds none of its inputs there. A flush that writes the buffer (what
+`torch.zero_()`-style flushes do, and what this module did until the fifth session) leaves up
+to an L2 of DIRTY lines, which the op under test must write back to memory as its own reads
+evict them: up to 50 MB of extra traffic inside its timed region on an H100/H200, a third of
+what a 134 MB decode-attention call reads. No kernel of a decode step starts with that (the
+kernels before it write kilobytes to a few MB). `flush="write"` keeps the old method, to
+compare.
 """
 from __future__ import annotations
 
@@ -17,6 +26,7 @@ import torch
 
 DEVICE = "cuda"
 COPY_BYTES = 2**30
+FLUSHES = ("read", "write")   # how Timer empties the L2 before each run (see above)
 
 
 def report_no_cuda(module: str, json_path: str | None, rows_key: str) -> int:
@@ -47,11 +57,15 @@ class Timing:
 class Timer:
     """CUDA-event timing with an L2 flush and a launch head start before every run."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, flush: str = "read"):
+        if flush not in FLUSHES:
+            raise ValueError(f"flush must be one of {FLUSHES}, got {flush!r}")
         props = torch.cuda.get_device_properties(0)
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
-        # Writing twice the L2's size evicts everything an op could find there.
-        self.flush_buffer = torch.empty(2 * self.l2_bytes // 4, dtype=torch.int32, device=DEVICE)
+        self.flush_mode = flush
+        # Reading (or writing) twice the L2's size evicts everything an op could find there.
+        self.flush_buffer = torch.ones(2 * self.l2_bytes // 4, dtype=torch.int32, device=DEVICE)
+        self._flush_sum = torch.empty((), dtype=torch.int64, device=DEVICE)
         self.warmup = 3 if quick else 5
         self.min_runs = 5 if quick else 20
         self.max_runs = 30 if quick else 200
@@ -61,7 +75,10 @@ class Timer:
         self.flush_us = self._time_flush()
 
     def flush(self) -> None:
-        self.flush_buffer.zero_()
+        if self.flush_mode == "read":
+            torch.sum(self.flush_buffer, dtype=torch.int64, out=self._flush_sum)
+        else:
+            self.flush_buffer.zero_()
 
     def _calibrate_sleep(self) -> float:
         torch.cuda._sleep(1000)

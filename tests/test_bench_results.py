@@ -183,3 +183,12 @@ def test_commit_is_only_read_from_the_checkout_itself(tmp_path):
     assert results.commit(inner) is None, "the snapshot took the outer repository's commit"
     head = results.commit(outer)
     assert head is not None and len(head) == 12, f"the checkout itself has a commit: {head!r}"
+
+
+def test_kernel_table_names_its_l2_flush():
+    """The kernel table says how the L2 was emptied: documents from before the read flush
+    have no l2_flush and were written with the write flush."""
+    doc = synthetic_document()
+    assert "cold L2 by a write flush" in report.kernels_table(doc)
+    doc["kernels"]["l2_flush"] = "read"
+    assert "cold L2 by a read flush" in report.kernels_table(doc)

@@ -45,6 +45,7 @@ def test_stage_to_ops():
 
 class _FakeTimer:
     l2_bytes = 1 << 20
+    flush_mode = "read"
 
     def __init__(self, quick):
         pass
