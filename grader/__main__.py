@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
-import os
 import sys
 from pathlib import Path
 
 from course import manifest
-from grader import capability, children, report, runner
+from grader import arguments, capability, children, report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:
@@ -76,27 +74,11 @@ def grade_main(argv: list[str]) -> int:
 
 
 def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Usage errors now, not after minutes of grading: a negative --timeout would time out
-    every test, a mistyped --student-root fail every one, a missing --extra-tests folder
-    leave the hidden tests out unseen, and a report path that cannot be written lose it."""
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        p.error(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    for flag, folder in (("--student-root", args.student_root),
-                         ("--extra-tests", args.extra_tests)):
-        if folder is not None and not folder.is_dir():
-            p.error(f"{flag} {folder} is not a directory")
-    for flag, path in (("--json", args.json), ("--junit", args.junit)):
-        if path is not None and (path.is_dir() or not path.absolute().parent.is_dir()):
-            p.error(f"{flag} {path} cannot be written: "
-                    + ("it is a directory" if path.is_dir() else
-                       f"the folder {path.absolute().parent} does not exist"))
-    seed = os.environ.get("TINYVLLM_SEED")   # grader/checks.py: int(), read inside each test
-    if seed:
-        try:
-            int(seed)
-        except ValueError:
-            p.error(f"TINYVLLM_SEED={seed!r} is not an integer (it replays a test's random "
-                    "inputs; unset it for a fresh seed)")
+    """Usage errors now, not after minutes of grading (grader/arguments.py says why)."""
+    arguments.positive_seconds(p, timeout=args.timeout)
+    arguments.existing_dirs(p, student_root=args.student_root, extra_tests=args.extra_tests)
+    arguments.writable_files(p, json=args.json, junit=args.junit)
+    arguments.replay_seed(p)
 
 
 def _student_ids(stage: manifest.Stage, args: argparse.Namespace) -> list[str]:

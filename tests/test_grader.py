@@ -217,3 +217,20 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
     monkeypatch.setattr(build, "build", no_toolkit)
     status = runner.build_kernels(manifest.find("04"), ["04"], None)
     assert status == "not built here (no CUDA toolkit found)"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["01", "--timeout", "-5"], "--timeout must be a positive number of seconds"),
+    (["01", "--student-root", "/nonexistent/stages"], "is not a directory"),
+    (["01", "--json", "/nonexistent/dir/r.json"], "cannot be written"),
+    (["reset", "01", "--student-root", "/nonexistent/stages"], "is not a directory"),
+    (["class", ".", "--csv", "/nonexistent/dir/g.csv"], "--csv /nonexistent/dir/g.csv cannot be written"),
+    (["class", ".", "--student-timeout", "0"], "--student-timeout must be a positive number"),
+], ids=["timeout", "student-root", "json", "reset-root", "class-csv", "class-timeout"])
+def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
+    """A usage error at once, exit 2, nothing graded or created (a mistyped reset root used
+    to be created and 'reset'; a class's unwritable report path failed after grading all)."""
+    r = grader_cli(*args)
+    assert r.returncode == 2, f"grader {' '.join(args)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert message in r.stderr, f"grader {' '.join(args)} said:\n{r.stderr}"
+    assert not Path("/nonexistent").exists(), "a refused command must create nothing"
