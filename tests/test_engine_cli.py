@@ -84,6 +84,9 @@ def test_bad_config(capsys, tmp_path, tiny_dir):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     code, _, err = run_main(capsys, "--model", str(tmp_path), "--device", "cpu")
     assert_one_line_error(code, err, "gpt2")
+    d = copy_model(tiny_dir, tmp_path / "typed", {"hidden_size": "abc"})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json: a value has the wrong type")
 
 
 def test_malformed_checkpoint(capsys, tmp_path, tiny_dir):

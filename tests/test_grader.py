@@ -66,6 +66,15 @@ def test_resolver_picks_student_part_only_for_selected_stage(monkeypatch, tmp_pa
     assert parts.path("01", "bf16.cu") == ROOT / "solutions/01_load/bf16.cu"
 
 
+@pytest.mark.parametrize("value", ["99", "abc", "03,7x"])
+def test_resolver_refuses_a_student_stage_that_does_not_exist(monkeypatch, value):
+    """A typo in TINYVLLM_STUDENT is an error naming the variable, not a silent run of the
+    reference parts."""
+    monkeypatch.setenv(parts.STUDENT_ENV, value)
+    with pytest.raises(manifest.UnknownStage, match="TINYVLLM_STUDENT=.*there is no stage"):
+        parts.path("03", "embedding.cu")
+
+
 SOLUTION = textwrap.dedent('''\
     def area(w, h):
         """Area of a rectangle."""
