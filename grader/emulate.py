@@ -49,10 +49,15 @@ def main(argv: list[str]) -> int:
     print(f"stage {stage.id}: {whose} kernel on the CPU, in the emulator (logic only, not a "
           "grade)", flush=True)
     cmd = [sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider",
+           "-p", "no:faulthandler",
            "tests/test_emulated_kernels.py", "-k", TESTS[stage.id]]
     try:
-        return 0 if subprocess.run(cmd, cwd=ROOT, env=env, timeout=args.timeout).returncode == 0 else 1
+        code = subprocess.run(cmd, cwd=ROOT, env=env, timeout=args.timeout).returncode
     except subprocess.TimeoutExpired:
         print(f"stage {stage.id}: still running after {args.timeout:g} s, stopped (a loop that "
               "never ends?)", file=sys.stderr)
         return 1
+    if code < 0:   # the emulated kernel wrote where it must not, and took the host process down
+        print(f"stage {stage.id}: the kernel crashed the emulator (signal {-code}): most likely "
+              "a read or write out of bounds", file=sys.stderr)
+    return 0 if code == 0 else 1
