@@ -80,7 +80,7 @@ class Timer:
 
     def flush(self) -> None:
         if self.flush_mode == "read":
-            torch.sum(self.flush_buffer, dtype=torch.int64, out=self._flush_sum)
+            torch.sum(self.flush_buffer, dim=0, dtype=torch.int64, out=self._flush_sum)
         else:
             self.flush_buffer.zero_()
 
