@@ -45,7 +45,7 @@ def _is_number(x: object) -> bool:
 class SamplingParams:
     """How one request is sampled and when it stops.
 
-    max_tokens  the most tokens to generate (>= 1); finish reason "length" when reached.
+    max_tokens  the most tokens to generate (>= 1); finish reason "max_tokens" when reached.
     temperature 0 = greedy (argmax); > 0 samples from softmax(logits / temperature)
                 (below GREEDY_BELOW = 1e-5 it counts as 0).
     top_k       keep the k most likely tokens (0 = off). Ignored when greedy.

@@ -73,8 +73,9 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
     expected = m.forward(torch.tensor(new_ids), positions, meta)
     checks.assert_close(got, expected, what="hidden states of a padded decode step",
                         dtype=torch.float32, atol=1e-5, rtol=1e-5,
-                        hint="copy ids, positions, slot_mapping, seq_slots and context_lens "
-                             "into the fixed buffers; padding rows attend over nothing")
+                        hint="write ids, positions, slot_mapping and context_lens into the host "
+                             "rows (the block tables are written for you) and copy them into "
+                             "the fixed buffer; padding rows attend over nothing")
     for layer in range(len(cache.k)):
         changed = (after[layer] != before[layer]).any(-1).any(-1).nonzero().tolist()
         allowed = {(i, len(p)) for i, p in enumerate(prompts)} | {(cache.pad_slot, 0)}
