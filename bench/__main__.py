@@ -39,6 +39,7 @@ GPU, driver, torch, CUDA and transformers versions, date, commit, every number; 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="transformers' cache: static + compile (falls back to dynamic if it "
                         "fails), or dynamic")
     p.add_argument("--hf-compile-limit", type=float, default=240.0, metavar="S",
-                   help="seconds transformers' compile may take before falling back")
+                   help="seconds transformers' compile may take before falling back (0: no "
+                        "limit)")
     p.add_argument("--budget", type=float, default=480.0, metavar="S",
                    help="start no transformers workload after S seconds of the run")
     p.add_argument("--quick", action="store_true",
@@ -80,13 +82,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="empty the L2 before each kernel-table run by reading (default) or "
                         "writing twice its size (bench.timing says why)")
     args = p.parse_args(argv)
-    chosen = [w.strip() for w in (args.only or ",".join(ALL)).split(",") if w.strip()]
+    chosen = [w.strip() for w in (args.only if args.only is not None else ",".join(ALL))
+              .split(",") if w.strip()]
     unknown = [w for w in chosen if w not in ALL]
     if unknown:
         p.error(f"unknown workload(s) {unknown}; choose from {', '.join(ALL)}")
+    if not chosen:   # "--only ''" would otherwise load the model and measure nothing
+        p.error(f"--only names no workload; choose from {', '.join(ALL)}")
     args.workloads = [w for w in ALL if w in chosen]
+    # Checked here, so that a typo is an error also on a machine without a GPU (and before
+    # minutes of model loading on one). NaN would pass every `elapsed > limit` test.
+    for flag, seconds in (("--budget", args.budget), ("--hf-compile-limit",
+                                                      args.hf_compile_limit)):
+        if math.isnan(seconds) or seconds < 0:
+            p.error(f"{flag} must be a number of seconds >= 0, got {seconds}")
+    if args.model is not None and not Path(args.model).is_dir():
+        p.error(f"--model {args.model} is not a directory (a Hugging Face checkpoint folder)")
     if args.json is None and args.out is not None:
         args.json = str(Path(args.out) / "bench.json")
+    if args.json is not None:
+        # results.write creates missing folders; a file in the way would fail only at the end.
+        path = Path(args.json).absolute()
+        blocker = path if path.is_dir() else next(d for d in path.parents if d.exists())
+        if not blocker.is_dir() or blocker == path:
+            p.error(f"the JSON cannot be written to {args.json}: {blocker} is "
+                    f"{'a directory' if blocker == path else 'not a directory'}")
     return args
 
 

@@ -25,8 +25,13 @@ _modules: dict[Path, ModuleType] = {}
 
 
 def student_stage_ids() -> frozenset[str]:
+    """The stages whose parts are the student's; UnknownStage (a ValueError) for an id the
+    manifest does not list: a typo would otherwise run the reference, unnoticed."""
     raw = os.environ.get(STUDENT_ENV, "")
-    return frozenset(manifest.normalize_id(x) for x in raw.split(",") if x.strip())
+    try:
+        return frozenset(manifest.find(x).id for x in raw.split(",") if x.strip())
+    except manifest.UnknownStage as e:
+        raise manifest.UnknownStage(f"{STUDENT_ENV}={raw!r}: {e}") from None
 
 
 def student_root() -> Path:

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from course import manifest
-from grader import capability, children, report, runner
+from grader import arguments, capability, children, report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +53,7 @@ def grade_main(argv: list[str]) -> int:
                         "torch's (GB/s or TFLOP/s, share of a same-bytes copy); needs a GPU")
     _grade_args(p)
     args = p.parse_args(argv)
+    _check_args(p, args)
     if args.stage in ("all", "next"):
         return course_main(args)
     stage = manifest.find_ready(args.stage)
@@ -70,6 +71,14 @@ def grade_main(argv: list[str]) -> int:
     print("\n".join(report.footer(result)))
     _write_reports(args, [result])
     return 0 if result.full_marks else 1
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors now, not after minutes of grading (grader/arguments.py says why)."""
+    arguments.positive_seconds(p, timeout=args.timeout)
+    arguments.existing_dirs(p, student_root=args.student_root, extra_tests=args.extra_tests)
+    arguments.writable_files(p, json=args.json, junit=args.junit)
+    arguments.replay_seed(p)
 
 
 def _student_ids(stage: manifest.Stage, args: argparse.Namespace) -> list[str]:

@@ -31,7 +31,12 @@ _current_seed: int | None = None
 def fresh_seed() -> int:
     """A new seed each run ($TINYVLLM_SEED replays one), remembered for failure messages."""
     global _current_seed
-    _current_seed = int(os.environ.get("TINYVLLM_SEED") or random.randrange(2**31))
+    replay = os.environ.get("TINYVLLM_SEED")
+    try:
+        _current_seed = int(replay) if replay else random.randrange(2**31)
+    except ValueError:
+        raise ValueError(f"TINYVLLM_SEED={replay!r} is not an integer (it replays a test's "
+                         "random inputs; unset it for a fresh seed)") from None
     return _current_seed
 
 

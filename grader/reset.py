@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from course import manifest
-from grader import sync
+from grader import arguments, sync
 
 def reset_stage(stage: manifest.Stage,
                 student_root: Path | None = None) -> tuple[Path | None, list[str]]:
@@ -53,6 +53,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--student-root", type=Path, metavar="DIR",
                    help="directory holding your NN_name/ stage folders (default: stages/)")
     args = p.parse_args(argv)
+    # a mistyped folder would be created and "reset", and the real one left as it was
+    arguments.existing_dirs(p, student_root=args.student_root)
     stage = manifest.find_ready(args.stage)
     backup, restored = reset_stage(stage, args.student_root)
     if backup is None:

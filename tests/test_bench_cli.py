@@ -39,6 +39,26 @@ def test_flags():
         cli.parse_args(["--hf-cache", "paged"])
 
 
+def test_bad_flags_are_usage_errors_without_a_gpu(tmp_path, capsys):
+    """Argument errors are caught before the GPU check: clear on any machine, and on a GPU
+    before minutes of model loading (a file in the JSON's way would fail only at the end)."""
+    (tmp_path / "file").write_text("")
+    cases = [(["--only", ""], "names no workload"), (["--only", " , "], "names no workload"),
+             (["--budget", "nan"], "--budget"), (["--budget", "-1"], "--budget"),
+             (["--hf-compile-limit", "-5"], "--hf-compile-limit"),
+             (["--model", str(tmp_path / "nope")], "not a directory"),
+             (["--out", str(tmp_path / "file")], "not a directory"),
+             (["--json", str(tmp_path)], "is a directory")]
+    for argv, needle in cases:
+        with pytest.raises(SystemExit) as e:
+            cli.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and needle in err.strip().splitlines()[-1], (argv, err)
+    args = cli.parse_args(["--budget", "0", "--hf-compile-limit", "0", "--model", str(tmp_path),
+                           "--out", str(tmp_path / "new" / "dir")])
+    assert args.budget == 0 and args.json == str(tmp_path / "new" / "dir" / "bench.json")
+
+
 class FakeModel:
     """Records generate() calls; the static cache raises, as a failed compile would."""
     device = torch.device("cpu")

@@ -84,6 +84,9 @@ def test_bad_config(capsys, tmp_path, tiny_dir):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     code, _, err = run_main(capsys, "--model", str(tmp_path), "--device", "cpu")
     assert_one_line_error(code, err, "gpt2")
+    d = copy_model(tiny_dir, tmp_path / "typed", {"hidden_size": "abc"})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json: a value has the wrong type")
 
 
 def test_malformed_checkpoint(capsys, tmp_path, tiny_dir):
@@ -112,6 +115,78 @@ def test_answers_with_a_tiny_model(capsys, tmp_path, tiny_dir):
     code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--max-tokens", "3",
                               "--raw", "What is the capital of France ?")
     assert code == 0 and out.endswith("\n"), err
+
+
+def test_model_path_is_a_file(capsys, tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    code, _, err = run_main(capsys, "--model", str(tmp_path / "model.safetensors"),
+                            "--device", "cpu")
+    assert_one_line_error(code, err, "model.safetensors", "not a directory")
+
+
+def test_empty_or_unreadable_prompts_file(capsys, tmp_path, monkeypatch):
+    """No prompt at all, or not UTF-8: one line naming the file, before the model loads (the
+    model directory here does not even exist)."""
+    nope = str(tmp_path / "no-model")
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    code, out, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path / "blank.txt"))
+    assert_one_line_error(code, err, "blank.txt", "no prompts")
+    assert out == ""
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO(""))
+    code, _, err = run_main(capsys, "--model", nope, "--prompts", "-")
+    assert_one_line_error(code, err, "stdin", "no prompts")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    code, _, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path / "latin1.txt"))
+    assert_one_line_error(code, err, "latin1.txt", "UTF-8")
+
+
+def test_bad_jsonl_lines_are_reported_in_place(capsys, tmp_path, tiny_dir):
+    """A malformed line is a bad request like a bad field: an error in its place, while the
+    good requests around it still run (exit status 2: not everything was answered)."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    lines = ['{"prompt": "What is the capital of France ?", "max_tokens": 2}', "{not json",
+             '{"prompt": 5}', '["What"]', '{"prompt": "What", "temprature": 0.5}',
+             '{"prompt": "Paris", "max_tokens": 3}']
+    (tmp_path / "r.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--json",
+                              "--prompts", str(tmp_path / "r.jsonl"))
+    assert code == 2, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert len(rows) == len(lines), "one JSON line per input line, in input order"
+    assert len(rows[0]["output_ids"]) <= 2 and len(rows[5]["output_ids"]) <= 3
+    assert "line 2 is not JSON" in rows[1]["error"]
+    assert '"prompt" string' in rows[2]["error"] and "line 4" in rows[3]["error"]
+    assert "temprature" in rows[4]["error"]
+    assert [line.split(":")[0] for line in err.strip().splitlines()] == ["error"] * 4
+    assert "Traceback" not in err
+
+
+def test_an_unfinished_student_part_is_one_line(capsys, tiny_dir, monkeypatch):
+    """TINYVLLM_STUDENT=NN with a part still TODO raises NotImplementedError naming it."""
+    from course import parts
+
+    def todo(stage, name):
+        raise NotImplementedError(f"TODO stage {stage}: write {name}.py (about 3 lines)")
+    monkeypatch.setattr(parts, "load", todo)
+    code, _, err = run_main(capsys, "--model", str(tiny_dir), "--device", "cpu")
+    assert_one_line_error(code, err, "TODO stage 01", "config.py")
+
+
+def test_a_failed_step_leaves_the_llm_usable(tiny_dir, monkeypatch):
+    """A step that raises (a crashed kernel, a bad value the checks missed) fails that
+    generate() call only: its requests leave the engine, and the next call runs alone."""
+    from solutions.engine.llm import LLM
+    llm = LLM(tiny_dir, device="cpu", load_tokenizer=False)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(llm.engine.runner, "launch", crash)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        llm.generate([[5, 6, 7], [8, 9]], max_tokens=3)
+    monkeypatch.undo()
+    assert not llm.engine.has_unfinished(), "the failed call's requests are still queued"
+    result = llm.generate([5, 6, 7], max_tokens=3, ignore_eos=True)
+    assert result.prompt_ids == [5, 6, 7] and len(result.output_ids) == 3
 
 
 def test_error_is_one_line_from_the_real_command(tmp_path):

@@ -66,6 +66,15 @@ def test_resolver_picks_student_part_only_for_selected_stage(monkeypatch, tmp_pa
     assert parts.path("01", "bf16.cu") == ROOT / "solutions/01_load/bf16.cu"
 
 
+@pytest.mark.parametrize("value", ["99", "abc", "03,7x"])
+def test_resolver_refuses_a_student_stage_that_does_not_exist(monkeypatch, value):
+    """A typo in TINYVLLM_STUDENT is an error naming the variable, not a silent run of the
+    reference parts."""
+    monkeypatch.setenv(parts.STUDENT_ENV, value)
+    with pytest.raises(manifest.UnknownStage, match="TINYVLLM_STUDENT=.*there is no stage"):
+        parts.path("03", "embedding.cu")
+
+
 SOLUTION = textwrap.dedent('''\
     def area(w, h):
         """Area of a rectangle."""
@@ -217,3 +226,20 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
     monkeypatch.setattr(build, "build", no_toolkit)
     status = runner.build_kernels(manifest.find("04"), ["04"], None)
     assert status == "not built here (no CUDA toolkit found)"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["01", "--timeout", "-5"], "--timeout must be a positive number of seconds"),
+    (["01", "--student-root", "/nonexistent/stages"], "is not a directory"),
+    (["01", "--json", "/nonexistent/dir/r.json"], "cannot be written"),
+    (["reset", "01", "--student-root", "/nonexistent/stages"], "is not a directory"),
+    (["class", ".", "--csv", "/nonexistent/dir/g.csv"], "--csv /nonexistent/dir/g.csv cannot be written"),
+    (["class", ".", "--student-timeout", "0"], "--student-timeout must be a positive number"),
+], ids=["timeout", "student-root", "json", "reset-root", "class-csv", "class-timeout"])
+def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
+    """A usage error at once, exit 2, nothing graded or created (a mistyped reset root used
+    to be created and 'reset'; a class's unwritable report path failed after grading all)."""
+    r = grader_cli(*args)
+    assert r.returncode == 2, f"grader {' '.join(args)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert message in r.stderr, f"grader {' '.join(args)} said:\n{r.stderr}"
+    assert not Path("/nonexistent").exists(), "a refused command must create nothing"

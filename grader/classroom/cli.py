@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from course import manifest
-from grader import report, runner
+from grader import arguments, report, runner
 from grader.classroom import collect, grade, sandbox, similarity, submission
 from grader.classroom.text import clean
 
@@ -53,7 +53,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="seconds all of one student's GPU tests of a stage may take together "
                         "(default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    arguments.positive_seconds(p, timeout=args.timeout, compile_timeout=args.compile_timeout,
+                               student_timeout=args.student_timeout)
+    arguments.existing_dirs(p, extra_tests=args.extra_tests)
+    arguments.writable_files(p, csv=args.csv, json=args.json, junit=args.junit,
+                             similarity=args.similarity, progress=args.progress)
+    arguments.replay_seed(p)
+    return args
 
 
 def main(argv: list[str]) -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 # torch.manual_seed's range: any int that fits in 64 bits, signed or unsigned. The sampler
 # folds the seed to 64 bits, so two seeds that are equal mod 2**64 draw the same numbers.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+TOP_K_MAX = 2**63 - 1   # an int64 on the device
 
 # Temperatures below this count as 0, i.e. greedy (vLLM's rule too): dividing logits by a
 # tinier number overflows float32 to inf, and inf ties would no longer pick the argmax. At
@@ -84,8 +85,10 @@ class SamplingParams:
                              f"{self.temperature!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= TOP_K_MAX:
+            # the sampler holds it in int64; any k at least the vocabulary keeps every token
+            raise ValueError(f"top_k must be an integer from 0 (off) to {TOP_K_MAX}, got "
+                             f"{self.top_k!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             # `not 0 < x <= 1` is also True for NaN, so NaN lands here too.
             raise ValueError(f"top_p must be in (0, 1] (1 = off), got {self.top_p!r}")

@@ -69,20 +69,31 @@ def one_line(error: BaseException) -> str:
         or type(error).__name__
 
 
-def read_prompts(path: str) -> list[tuple[str, dict]]:
-    """(prompt, sampling overrides) per line of a prompts file; blank lines are skipped."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+def read_prompts(path: str) -> list[tuple[str, dict] | ValueError]:
+    """(prompt, sampling overrides) per line of a prompts file; blank lines are skipped. A
+    malformed .jsonl line is a ValueError in its place: a bad request, reported while the
+    others run. ValueError if the file is not UTF-8 or holds no prompt at all."""
+    name = "stdin" if path == "-" else path
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        # Checked before the model loads: an empty file is a mistake, not zero answers.
+        raise ValueError(f"{name} holds no prompts (it is empty or every line is blank)")
     if not path.endswith(".jsonl"):
         return [(line, {}) for _, line in lines]
-    out = []
+    out: list[tuple[str, dict] | ValueError] = []
     for n, line in lines:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path} line {n} is not JSON: {e}") from None
+            out.append(ValueError(f"{name} line {n} is not JSON: {e}"))
+            continue
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise ValueError(f'{path} line {n} must be an object with a "prompt" string')
+            out.append(ValueError(f'{name} line {n} must be an object with a "prompt" string'))
+            continue
         prompt = obj.pop("prompt")
         out.append((prompt, obj))
     return out
@@ -117,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         # ValueError covers the project's ConfigError, CheckpointError and GGUFError.
         print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
+    except NotImplementedError as e:
+        # A student's stage (TINYVLLM_STUDENT=NN) with a part still TODO: its message names
+        # the stage and the part, which is all a traceback would add.
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
@@ -128,11 +144,15 @@ def as_json(r) -> str:
                        "finish_reason": r.finish_reason}, ensure_ascii=False)
 
 
-def run_many(llm, many: list[tuple[str, dict]], base: dict, args, SamplingParams) -> int:
+def run_many(llm, many: list[tuple[str, dict] | ValueError], base: dict, args,
+             SamplingParams) -> int:
     """Every valid request of the file runs in one batch; a bad one is reported in its place."""
     good, errors = [], {}
-    for i, (prompt, overrides) in enumerate(many):
+    for i, item in enumerate(many):
         try:
+            if isinstance(item, ValueError):     # a malformed .jsonl line (read_prompts)
+                raise item
+            prompt, overrides = item
             params = SamplingParams.from_dict({**base, **overrides})
             good.append((i, llm.prepare(prompt, args.raw), params))
         except ValueError as e:

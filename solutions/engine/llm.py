@@ -95,6 +95,9 @@ class LLM:
                  dtype: str | torch.dtype | None = None, load_tokenizer: bool = True,
                  config: EngineConfig | None = None):
         self.model_dir = Path(model_dir)
+        if self.model_dir.exists() and not self.model_dir.is_dir():
+            raise NotADirectoryError(f"model directory {self.model_dir} is a file, not a "
+                                     "directory (give the folder that holds config.json)")
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
         self.device = resolve_device(device)
@@ -179,13 +182,22 @@ class LLM:
                 ids.append(self.prepare(p, raw))
             except ValueError as e:
                 raise ValueError(str(e) if single else f"prompt {i}: {e}") from None
-        rids = [self.engine.add_request(p, sp) for p, sp in zip(ids, params)]
-        outputs = {rid: ([], "", None) for rid in rids}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                tokens, text, _ = outputs[out.request_id]
-                outputs[out.request_id] = (tokens + out.new_token_ids, text + out.new_text,
-                                           out.finish_reason)
+        rids: list[int] = []
+        try:
+            for p, sp in zip(ids, params):
+                rids.append(self.engine.add_request(p, sp))
+            outputs = {rid: ([], "", None) for rid in rids}
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    tokens, text, _ = outputs[out.request_id]
+                    outputs[out.request_id] = (tokens + out.new_token_ids, text + out.new_text,
+                                               out.finish_reason)
+        except BaseException:
+            # A step that raised (or Ctrl-C) must not leave these requests queued: every later
+            # generate() would run them again and fail the same way. Finished ones are no-ops.
+            for rid in rids:
+                self.engine.abort(rid)
+            raise
         results = [GenerationResult(prompt_ids=p, output_ids=outputs[r][0], text=outputs[r][1],
                                     finish_reason=outputs[r][2]) for p, r in zip(ids, rids)]
         return results[0] if single else results

@@ -106,4 +106,10 @@ def load_config(source: str | os.PathLike | dict) -> ModelConfig:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    return parse_config(raw, str(path))
+    try:
+        return parse_config(raw, str(path))
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        # a value of the wrong type ("hidden_size": "abc"): int() alone would not name the file
+        raise ConfigError(f"{path}: a value has the wrong type ({e})") from None

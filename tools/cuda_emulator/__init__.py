@@ -1,0 +1,90 @@
+"""Run a kernel file of the course on the CPU: a developer's check of kernel logic without a GPU.
+
+    lib = cuda_emulator.build(Path("solutions/14_paged_kernel/paged_attention.cu"), SHIM)
+    lib.emu_paged(...)          # SHIM: extern "C" functions that call the file's launcher
+
+The .cu file is compiled by g++ with include/emu.h first (threads as fibers, warp collectives
+as rendezvous: see its header for what is and is not emulated); its inline-PTX helpers are
+replaced by emulated ones (BODIES below; a header's wrappers by include/mma.cuh), the
+launches by include/pdl.cuh. The shim calls
+`emu::clear_error()` first and returns `emu::error()` when a launch deadlocked. Used by
+tests/test_emulated_kernels.py; needs g++ and the CUDA headers (course.build finds them).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# Helpers written in inline PTX inside a kernel file, and their host bodies.
+BODIES = {
+    "smem_addr": "{ return 0; }",
+    "ldmatrix_x4": "{ emu::ldmatrix_x4(r, p, false); }",
+    "ldmatrix_x4_trans": "{ emu::ldmatrix_x4(r, p, true); }",
+    "mma_bf16": "{ emu::mma(c, a, b0, b1); }",
+    "fast_exp2": "{ return exp2f(x); }",
+    "cp_async16": "{ if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16); }",
+    "cp_async_commit": "{}",
+    "cp_async_wait": "{}",
+}
+
+
+def _replace_body(src: str, name: str, body: str) -> str:
+    m = re.search(r"__device__ __forceinline__ [\w:<> ]+?\b" + name + r"\s*\(", src)
+    if not m:
+        return src
+    start = src.index("{", m.end())
+    depth, end = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(src[end], 0)
+        if depth == 0:
+            break
+        end += 1
+    return src[:start] + body + src[end + 1:]
+
+
+def preprocess(src: str) -> str:
+    """The kernel file as host C++: PTX helpers replaced, dynamic shared memory from the
+    emulator, <<<...>>> launches through it. EDG (nvcc) accepts `x.f<N>(...)` on an array
+    element of a dependent type where g++ needs `x.template f<N>(...)`."""
+    for name, body in BODIES.items():
+        src = _replace_body(src, name, body)
+    src = re.sub(r"extern __shared__ (\w+) (\w+)\[\];",
+                 r"\1* \2 = reinterpret_cast<\1*>(emu::g.dyn_smem.data());", src)
+    src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);",
+                 r"emu::launch_stream(\1, \2, \3);", src, flags=re.S)
+    src = src.replace("cudaFuncSetAttribute(", "emu::func_set_attribute(")
+    return re.sub(r"\.rescale<", ".template rescale<", src)
+
+
+def build(kernel: Path, shim: str) -> ctypes.CDLL:
+    """Compile `kernel` (a .cu of solutions/ or stages/) with `shim` appended into a shared
+    library, cached by content under course.build's cache directory; load it."""
+    from course import build as course_build
+    common = kernel.resolve().parents[1] / "common"
+    text = ('#include "emu.h"\n' + preprocess(kernel.read_text()) + "\n" + shim)
+    headers = b"".join(p.read_bytes() for p in sorted((HERE / "include").glob("*")))
+    headers += b"".join(p.read_bytes() for p in sorted(common.glob("*")))
+    key = hashlib.sha256(text.encode() + headers).hexdigest()[:20]
+    out = course_build.cache_dir() / "emulator" / f"{kernel.stem}-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cpp = out.with_suffix(".cpp")
+        cpp.write_text(text)
+        home = course_build.cuda_home()
+        includes, _ = course_build._torch_paths()
+        cudart = course_build._find_lib(home, "libcudart.so")
+        cmd = ["g++", "-std=c++17", "-O1", "-fPIC", "-shared", "-w",
+               "-I", str(HERE / "include"), "-I", str(common),
+               *(f"-I{p}" for p in includes if "torch" not in p.parts),
+               str(cpp), "-o", str(out.with_suffix(".tmp.so")),
+               f"-L{cudart.parent}", "-lcudart", f"-Wl,-rpath,{cudart.parent}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{kernel} did not build for the emulator:\n{proc.stderr[-4000:]}")
+        out.with_suffix(".tmp.so").replace(out)
+    return ctypes.CDLL(str(out))
