@@ -27,6 +27,7 @@ BODIES = {
     "ldmatrix_x4_trans": "{ emu::ldmatrix_x4(r, p, true); }",
     "mma_bf16": "{ emu::mma(c, a, b0, b1); }",
     "fast_exp2": "{ return exp2f(x); }",
+    "prefetch_share": "{}",
     "cp_async16": "{ if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16); }",
     "cp_async_commit": "{}",
     "cp_async_wait": "{}",
@@ -57,7 +58,13 @@ def preprocess(src: str) -> str:
                  r"\1* \2 = reinterpret_cast<\1*>(emu::g.dyn_smem.data());", src)
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);",
                  r"emu::launch_stream(\1, \2, \3);", src, flags=re.S)
-    src = src.replace("cudaFuncSetAttribute(", "emu::func_set_attribute(")
+    for cuda, emu in (("cudaFuncSetAttribute(", "func_set_attribute("),
+                      ("cudaGetDevice(", "get_device("),
+                      ("cudaDeviceGetAttribute(", "device_get_attribute("),
+                      ("cudaOccupancyMaxActiveBlocksPerMultiprocessor(", "occupancy("),
+                      ("cudaFuncGetAttributes(", "func_get_attributes("),
+                      ("cudaLaunchKernelEx(", "launch_ex(")):
+        src = src.replace(cuda, "emu::" + emu)
     return re.sub(r"\.rescale<", ".template rescale<", src)
 
 

@@ -32,6 +32,11 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 
+// CUDA's built-in variables, as globals: one fiber runs at a time, and the scheduler sets
+// threadIdx before it switches to a fiber (variables, not macros: `config.blockDim` stays a
+// member).
+inline dim3 threadIdx, blockIdx, blockDim, gridDim;
+
 namespace emu {
 struct Thread {
   ucontext_t ctx;
@@ -110,6 +115,7 @@ inline void trampoline() {
 template <typename F>
 void run_block(dim3 bid, F&& f) {
   g.bid = bid;
+  blockIdx = bid;
   const int n = g.block.x * g.block.y * g.block.z;
   g.threads.clear();
   g.threads.resize(n);
@@ -144,6 +150,7 @@ void run_block(dim3 bid, F&& f) {
       if (t.done) continue;
       any = true;
       g.cur = &t;
+      threadIdx = t.tid;
       swapcontext(&g.sched, &t.ctx);
     }
     if (any && progress() == before) {
@@ -159,6 +166,8 @@ template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args... args) {
   g.grid = grid;
   g.block = block;
+  gridDim = grid;
+  blockDim = block;
   g.dyn_smem.assign(smem + 16, 0x7f);  // garbage, like uninitialised shared memory
   for (unsigned z = 0; z < grid.z && g.error.empty(); ++z)
     for (unsigned y = 0; y < grid.y && g.error.empty(); ++y)
@@ -169,6 +178,32 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
 
 template <typename... A>
 cudaError_t func_set_attribute(A...) { return cudaSuccess; }
+
+// A small device: kernels that size their grid from it (persistent grids, split-K) get few
+// blocks, so the emulated runs stay short and each block loops more.
+constexpr int kSms = 4;
+inline cudaError_t get_device(int* device) { *device = 0; return cudaSuccess; }
+inline cudaError_t device_get_attribute(int* value, cudaDeviceAttr attr, int) {
+  switch (attr) {
+    case cudaDevAttrMultiProcessorCount: *value = kSms; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; return cudaSuccess;
+    default: return cudaErrorInvalidValue;
+  }
+}
+template <typename Kernel>
+cudaError_t occupancy(int* blocks, Kernel, int, size_t) { *blocks = 2; return cudaSuccess; }
+template <typename Kernel>
+cudaError_t func_get_attributes(cudaFuncAttributes* a, Kernel) {
+  *a = cudaFuncAttributes{};
+  a->ptxVersion = 80;  // no PDL wait in host code: launch normally
+  return cudaSuccess;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_ex(const cudaLaunchConfig_t* config, void (*kernel)(Params...), Args... args) {
+  return launch(kernel, config->gridDim, config->blockDim, config->dynamicSmemBytes, args...);
+}
 
 template <typename... Params, typename... Args>
 cudaError_t launch_stream(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
@@ -261,10 +296,6 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 }
 }  // namespace emu
 
-#define threadIdx (emu::g.cur->tid)
-#define blockIdx (emu::g.bid)
-#define blockDim (emu::g.block)
-#define gridDim (emu::g.grid)
 #define __shfl_xor_sync(mask, v, d) emu::shfl_xor(v, d)
 #define __syncwarp(...) emu::syncwarp()
 #define __syncthreads() emu::block_barrier()
@@ -272,6 +303,8 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 template <typename T> inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __fmul_rn(float a, float b) { return a * b; }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
