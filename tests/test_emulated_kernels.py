@@ -1,7 +1,8 @@
 """Reference kernels run on the CPU in tools/cuda_emulator, against their native twins or torch:
-stage 06's GEMV, stage 09's decode attention, stage 12's flash attention and stage 14's paged
-attention. Their logic (indexing, masks, pipelines, fragment layouts, split-K) is checked on
-every CI run, not only on a GPU. Emulated, not graded: nothing here says anything about speed
+the small kernels of a decode step (stages 04, 05, 08, 13), stage 06's GEMV, stage 07's and
+stage 12's prefill attention, and stage 09's and stage 14's decode attention. Their logic
+(indexing, masks, pipelines, fragment layouts, split-K) is checked on every CI run, not only
+on a GPU. Emulated, not graded: nothing here says anything about speed
 or about the GPU's memory model (tools/cuda_emulator/include/emu.h says what is emulated)."""
 from __future__ import annotations
 
@@ -20,29 +21,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
-PAGED_SHIM = """
+# Every shim function clears the emulator's error, calls the launcher and returns the
+# emulator's message (a deadlock) or the launcher's (None: launched).
+CALL = """
+#define EMU_CALL(call) do { emu::clear_error(); const char* s = call; \\
+                            return emu::error() ? emu::error() : s; } while (0)
+"""
+
+PAGED_SHIM = CALL + """
 extern "C" const char* emu_paged(const void* q, const void* k, const void* v, void* out,
                                  const int32_t* tables, const int32_t* lens, float* ws, int batch,
                                  int64_t q_stride, int n_heads, int n_kv, int d, int num_blocks,
                                  int block_size, int max_blocks, int max_keys, int partitions,
                                  int partition_keys, float scale) {
-  emu::clear_error();
-  const char* status = launch_paged_decode_attention(
+  EMU_CALL(launch_paged_decode_attention(
       q, k, v, out, tables, lens, ws, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
-      max_blocks, max_keys, partitions, partition_keys, scale, nullptr);
-  return emu::error() ? emu::error() : status;
+      max_blocks, max_keys, partitions, partition_keys, scale, nullptr));
 }
 """
 
-FLASH_SHIM = """
+FLASH_SHIM = CALL + """
 extern "C" const char* emu_flash(const void* q, const void* k, const void* v, void* out,
                                  const int32_t* cq, const int32_t* ck, int n_seqs, int max_seqlen,
                                  int64_t qs, int64_t ks, int64_t vs, int n_heads, int n_kv, int d,
                                  float scale) {
-  emu::clear_error();
-  const char* status = launch_flash_attention(q, k, v, out, cq, ck, n_seqs, max_seqlen, qs, ks,
-                                              vs, n_heads, n_kv, d, scale, nullptr);
-  return emu::error() ? emu::error() : status;
+  EMU_CALL(launch_flash_attention(q, k, v, out, cq, ck, n_seqs, max_seqlen, qs, ks, vs, n_heads,
+                                  n_kv, d, scale, nullptr));
 }
 """
 
@@ -58,6 +62,21 @@ def _shim_function(path: str, shim: str, name: str, argtypes: list):
     fn = getattr(lib, name)
     fn.restype, fn.argtypes = ctypes.c_char_p, argtypes
     return fn
+
+
+def _ok(error: bytes | None) -> None:
+    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+
+
+def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: int, seed: int):
+    """q [Tq, n_heads, d], k, v [Tk, n_kv, d] bf16 and the int32 cu_seqlens of both."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), n_heads, d, generator=g).bfloat16()
+    k = torch.randn(sum(lens_k), n_kv, d, generator=g).bfloat16()
+    v = torch.randn(sum(lens_k), n_kv, d, generator=g).bfloat16()
+    cu = [torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+          for n in (lens_q, lens_k)]
+    return q, k, v, cu[0], cu[1]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +147,7 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
         q_rows.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), run_tables.data_ptr(),
         run_lens.data_ptr(), workspace.data_ptr(), batch, stride, n_heads, n_kv, d, num_blocks,
         block_size, max_blocks, max_keys, partitions, partition_keys, scale)
-    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+    _ok(error)
     for r in nan_rows:
         assert out[r].float().isnan().all(), f"row {r} reads an unreadable block or length: NaN"
     keep = [r for r in range(batch) if r not in nan_rows]
@@ -149,29 +168,22 @@ def emu_flash():
     ([5, 70], [5, 70], 4, 2, 64), ([3, 20], [40, 20], 2, 1, 128), ([130], [130], 2, 2, 64)],
     ids=["packed", "more-keys-than-queries", "two-tiles"])
 def test_flash_attention_kernel_in_the_emulator(emu_flash, lens_q, lens_k, n_heads, n_kv, d):
-    g = torch.Generator().manual_seed(d + len(lens_q))
-    q = torch.randn(sum(lens_q), n_heads, d, generator=g).bfloat16()
-    k = torch.randn(sum(lens_k), n_kv, d, generator=g).bfloat16()
-    v = torch.randn(sum(lens_k), n_kv, d, generator=g).bfloat16()
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32)
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + len(lens_q))
     out = torch.zeros_like(q)
     error = emu_flash(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_q.data_ptr(),
                       cu_k.data_ptr(), len(lens_q), max(lens_q), n_heads * d, n_kv * d, n_kv * d,
                       n_heads, n_kv, d, d ** -0.5)
-    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+    _ok(error)
     native = parts.reference("12", "flash_attention").flash_attention_native
     expected = native(q, k, v, cu_q, d ** -0.5, cu_seqlens_k=cu_k)
     torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
 
 
-GEMV_SHIM = """
+GEMV_SHIM = CALL + """
 extern "C" const char* emu_gemv(const void* x, const void* w, void* y, int f32, int64_t tokens,
                                 int64_t in_features, int64_t out_features) {
-  emu::clear_error();
-  const char* status = launch_gemv(x, w, y, f32 != 0, tokens, in_features, out_features,
-                                   nullptr, 0, nullptr);
-  return emu::error() ? emu::error() : status;
+  EMU_CALL(launch_gemv(x, w, y, f32 != 0, tokens, in_features, out_features, nullptr, 0,
+                       nullptr));
 }
 """
 
@@ -195,22 +207,19 @@ def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens
     y = torch.full((tokens, out_features), 7.0, dtype=torch.float32 if f32 else torch.bfloat16)
     error = emu_gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), tokens, in_features,
                      out_features)
-    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+    _ok(error)
     expected = x.float() @ w.float().t()
     tol = 1e-4 if f32 else 1.6e-2
     torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
 
 
-DECODE_SHIM = """
+DECODE_SHIM = CALL + """
 extern "C" const char* emu_decode(const void* q, const void* k, const void* v, void* out,
                                   const int32_t* slots, const int32_t* lens, int batch,
                                   int64_t q_stride, int n_heads, int n_kv, int d, int num_slots,
                                   int max_len, float scale) {
-  emu::clear_error();
-  const char* status = launch_decode_attention(q, k, v, out, slots, lens, batch, q_stride,
-                                               n_heads, n_kv, d, num_slots, max_len, scale,
-                                               nullptr);
-  return emu::error() ? emu::error() : status;
+  EMU_CALL(launch_decode_attention(q, k, v, out, slots, lens, batch, q_stride, n_heads, n_kv,
+                                   d, num_slots, max_len, scale, nullptr));
 }
 """
 
@@ -238,7 +247,194 @@ def test_decode_attention_kernel_in_the_emulator(emu_decode, batch, n_heads, n_k
     error = emu_decode(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                        slots.data_ptr(), lens_t.data_ptr(), batch, n_heads * d, n_heads, n_kv, d,
                        num_slots, max_len, d ** -0.5)
-    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+    _ok(error)
     native = parts.reference("09", "decode_attention").decode_attention_native
     expected = native(q, k, v, slots, lens_t, d ** -0.5)
     torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+RMSNORM_SHIM = CALL + """
+extern "C" const char* emu_rmsnorm(void* out, const void* x, const void* w, int64_t rows,
+                                   int64_t hidden, float eps) {
+  EMU_CALL(launch_rmsnorm(out, x, w, rows, hidden, eps, true, nullptr));
+}
+extern "C" const char* emu_fused(void* x, void* residual, const void* w, int64_t rows,
+                                 int64_t hidden, float eps) {
+  EMU_CALL(launch_fused_add_rmsnorm(x, residual, w, rows, hidden, eps, true, nullptr));
+}
+"""
+
+
+@pytest.mark.parametrize("rows,hidden", [(3, 2048), (2, 576), (1, 100)])
+def test_rmsnorm_kernels_in_the_emulator(rows, hidden):
+    args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
+    path = "solutions/04_rmsnorm/rmsnorm.cu"
+    rmsnorm = _shim_function(path, RMSNORM_SHIM, "emu_rmsnorm", args)
+    fused = _shim_function(path, RMSNORM_SHIM, "emu_fused", args)
+    g = torch.Generator().manual_seed(rows * hidden)
+    x, r = (torch.randn(rows, hidden, generator=g).bfloat16() for _ in range(2))
+    w = torch.randn(hidden, generator=g).bfloat16()
+    twin = parts.reference("04", "rmsnorm")
+    out = torch.empty_like(x)
+    _ok(rmsnorm(out.data_ptr(), x.data_ptr(), w.data_ptr(), rows, hidden, 1e-5))
+    torch.testing.assert_close(out.float(), twin.rmsnorm_native(x, w, 1e-5).float(),
+                               atol=1.6e-2, rtol=1.6e-2)
+    expected, expected_residual = twin.fused_add_rmsnorm_native(x, r, w, 1e-5)
+    _ok(fused(x.data_ptr(), r.data_ptr(), w.data_ptr(), rows, hidden, 1e-5))
+    torch.testing.assert_close(r, expected_residual)
+    torch.testing.assert_close(x.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+ROPE_SHIM = CALL + """
+extern "C" const char* emu_rope(void* q, void* k, const int64_t* positions, const float* cos_sin,
+                                int* error, int64_t tokens, int64_t q_stride, int64_t k_stride,
+                                int q_heads, int k_heads, int head_dim, int64_t max_positions) {
+  EMU_CALL(launch_rope(q, k, positions, cos_sin, error, tokens, q_stride, k_stride, q_heads,
+                       k_heads, head_dim, max_positions, true, nullptr));
+}
+"""
+
+
+@pytest.mark.parametrize("tokens,q_heads,k_heads,d", [(3, 32, 8, 64), (2, 9, 3, 64), (1, 4, 2, 36)])
+def test_rope_kernel_in_the_emulator(tokens, q_heads, k_heads, d):
+    rope = _shim_function("solutions/05_rope/rope.cu", ROPE_SHIM, "emu_rope",
+                          [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3
+                          + [ctypes.c_int64])
+    g = torch.Generator().manual_seed(tokens * d + q_heads)
+    # q and k as views of one fused row, as the model passes them
+    qkv = torch.randn(tokens, (q_heads + 2 * k_heads) * d, generator=g).bfloat16()
+    q = qkv[:, : q_heads * d].view(tokens, q_heads, d)
+    k = qkv[:, q_heads * d: (q_heads + k_heads) * d].view(tokens, k_heads, d)
+    cos_sin = parts.reference("05", "rope_tables").cos_sin_cache(d, 10000.0, None, 64)
+    positions = torch.randint(0, 64, (tokens,), generator=g)
+    expected_q, expected_k = q.clone(), k.clone()
+    parts.reference("05", "rope").apply_rope_native(expected_q, expected_k, positions, cos_sin)
+    error = torch.zeros(1, dtype=torch.int32)
+    _ok(rope(q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(),
+             error.data_ptr(), tokens, qkv.shape[1], qkv.shape[1], q_heads, k_heads, d, 64))
+    assert error.item() == 0, "positions inside the table raised the error flag"
+    torch.testing.assert_close(q.float(), expected_q.float(), atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(k.float(), expected_k.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+SILU_SHIM = CALL + """
+extern "C" const char* emu_silu_mul(const void* x, void* out, int64_t rows, int64_t inter) {
+  EMU_CALL(launch_silu_mul(static_cast<const __nv_bfloat16*>(x),
+                           static_cast<__nv_bfloat16*>(out), rows, inter, nullptr));
+}
+"""
+
+
+@pytest.mark.parametrize("rows,inter", [(2, 8192), (3, 100)])
+def test_silu_mul_kernel_in_the_emulator(rows, inter):
+    silu_mul = _shim_function("solutions/08_forward/activation.cu", SILU_SHIM, "emu_silu_mul",
+                              [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2)
+    x = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)).bfloat16()
+    out = torch.empty(rows, inter).bfloat16()
+    _ok(silu_mul(x.data_ptr(), out.data_ptr(), rows, inter))
+    expected = parts.reference("08", "activation").silu_mul_native(x)
+    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+CACHE_SHIM = CALL + """
+extern "C" const char* emu_cache_write(const void* k, const void* v, void* k_cache,
+                                       void* v_cache, const int64_t* slots, int64_t tokens,
+                                       int64_t k_stride, int64_t v_stride, int64_t row_elems,
+                                       int64_t num_rows) {
+  EMU_CALL(launch_cache_write(k, v, k_cache, v_cache, slots, tokens, k_stride, v_stride,
+                              row_elems, num_rows, nullptr));
+}
+"""
+
+
+def test_cache_write_kernel_in_the_emulator():
+    """Tokens to shuffled rows of the pool, a padding slot (-1) skipped, k and v as views of a
+    fused QKV row."""
+    write = _shim_function("solutions/13_paged_kv_cache/cache_write.cu", CACHE_SHIM,
+                           "emu_cache_write", [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5)
+    g = torch.Generator().manual_seed(13)
+    tokens, n_kv, d, blocks, block_size = 5, 2, 64, 4, 4
+    qkv = torch.randn(tokens, 3 * n_kv * d, generator=g).bfloat16()
+    k, v = qkv[:, n_kv * d: 2 * n_kv * d].view(tokens, n_kv, d), qkv[:, 2 * n_kv * d:].view(tokens, n_kv, d)
+    slots = torch.tensor([7, 0, -1, 15, 3])
+    k_cache, v_cache = (torch.randn(blocks, block_size, n_kv, d, generator=g).bfloat16()
+                        for _ in range(2))
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    parts.reference("13", "cache_write").cache_write_native(k, v, expected_k, expected_v, slots)
+    _ok(write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+              slots.data_ptr(), tokens, qkv.shape[1], qkv.shape[1], n_kv * d, blocks * block_size))
+    torch.testing.assert_close(k_cache, expected_k, atol=0, rtol=0)
+    torch.testing.assert_close(v_cache, expected_v, atol=0, rtol=0)
+
+
+PREFILL_SHIM = CALL + """
+extern "C" const char* emu_prefill(const void* q, const void* k, const void* v, void* out,
+                                   const int32_t* cq, const int32_t* ck, int n_seqs,
+                                   int max_seqlen, int64_t qs, int64_t ks, int64_t vs,
+                                   int n_heads, int n_kv, int d, float scale, int64_t smem_limit) {
+  EMU_CALL(launch_prefill_attention(q, k, v, out, cq, ck, n_seqs, max_seqlen, qs, ks, vs,
+                                    n_heads, n_kv, d, scale, smem_limit, nullptr));
+}
+"""
+
+
+@pytest.mark.parametrize("lens_q,lens_k,n_heads,n_kv,d,smem_limit", [
+    ([5, 40], [5, 40], 4, 2, 64, -1), ([3, 20], [30, 20], 2, 1, 128, -1),
+    ([70], [70], 2, 1, 128, 64 * 1024)],
+    ids=["packed", "more-keys-than-queries", "t4-tiles"])
+def test_prefill_attention_kernel_in_the_emulator(lens_q, lens_k, n_heads, n_kv, d, smem_limit):
+    """Stage 07's kernel (shared-memory tiles, two passes over the scores); with a T4's 64 KB
+    per block, its 32-row tiles at head_dim 128."""
+    prefill = _shim_function("solutions/07_attention/attention.cu", PREFILL_SHIM, "emu_prefill",
+                             [ctypes.c_void_p] * 6 + [ctypes.c_int] * 2 + [ctypes.c_int64] * 3
+                             + [ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_int64])
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + 7)
+    out = torch.zeros_like(q)
+    _ok(prefill(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_q.data_ptr(),
+                cu_k.data_ptr(), len(lens_q), max(lens_q), n_heads * d, n_kv * d, n_kv * d,
+                n_heads, n_kv, d, d ** -0.5, smem_limit))
+    expected = parts.reference("07", "attention").attention_native(q, k, v, cu_q, d ** -0.5,
+                                                                   cu_seqlens_k=cu_k)
+    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+TOY_KERNEL = """
+#include <cuda_runtime.h>
+#include "pdl.cuh"
+// out[i] = the sum of the 32 values of i's warp, by a butterfly; `diverge` leaves lanes 16-31
+// out of the shuffles, which no GPU allows.
+__global__ void warp_sum(const float* x, float* out, int diverge) {
+  float v = x[threadIdx.x];
+  if (!diverge || threadIdx.x % 32 < 16)
+    for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+  out[threadIdx.x] = v;
+}
+const char* launch_warp_sum(const float* x, float* out, int diverge) {
+  launch_early(warp_sum, dim3(1), dim3(64), 0, nullptr, x, out, diverge);
+  return nullptr;
+}
+"""
+
+
+def test_the_emulator_shuffles_and_reports_a_deadlock(tmp_path):
+    """The emulator itself: a butterfly of shuffles sums each warp, and a shuffle that half
+    the warp skips is reported as a deadlock instead of hanging."""
+    (tmp_path / "toy").mkdir()
+    kernel = tmp_path / "toy" / "warp_sum.cu"
+    kernel.write_text(TOY_KERNEL)
+    shim = CALL + """
+    extern "C" const char* emu_warp_sum(const float* x, float* out, int diverge) {
+      EMU_CALL(launch_warp_sum(x, out, diverge));
+    }"""
+    from tools import cuda_emulator
+    try:
+        fn = getattr(cuda_emulator.build(kernel, shim), "emu_warp_sum")
+    except ToolchainMissing as e:
+        pytest.skip(f"no CUDA headers to build against: {e}")
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    x, out = torch.arange(64, dtype=torch.float32), torch.zeros(64)
+    _ok(fn(x.data_ptr(), out.data_ptr(), 0))
+    expected = torch.cat([x[:32].sum().expand(32), x[32:].sum().expand(32)])
+    torch.testing.assert_close(out, expected)
+    error = fn(x.data_ptr(), out.data_ptr(), 1)
+    assert error is not None and b"deadlock" in error, f"a divergent shuffle gave {error!r}"

@@ -7,8 +7,8 @@
 // what every thread reads and writes -- against the native twins (tests/test_emulated_kernels.py).
 // What it cannot: anything about concurrency or the memory model (blocks run one at a time,
 // cp.async copies at once, there is no L1/L2), speed, or device limits (shared memory,
-// registers). A collective that not every live lane of the warp reaches is reported as a
-// deadlock instead of hanging.
+// registers). A warp collective that not every lane of the warp reaches (or that runs after
+// one of its lanes returned) is reported as a deadlock instead of hanging.
 //
 // Included first (g++ -include emu.h); include/pdl.cuh and include/mma.cuh stand in for the
 // course's headers of the same names. tools/cuda_emulator/__init__.py builds a kernel file.
@@ -74,8 +74,20 @@ inline int live_in_block() {
   for (auto& t : g.threads) n += !t.done;
   return n;
 }
+inline int threads_in_warp(int w) {
+  int n = 0;
+  for (auto& t : g.threads) n += t.warp == w;
+  return n;
+}
+// A collective of the whole warp (the kernels pass the full mask): every thread of the warp
+// must still be running. One that has returned makes it undefined on a GPU: an error here.
 inline void warp_barrier() {
   const int w = g.cur->warp;
+  if (live_in_warp(w) < threads_in_warp(w)) {
+    g.error = "a full-warp collective (shuffle, __syncwarp, ldmatrix, mma) in warp " +
+              std::to_string(w) + " after some of its threads returned (deadlock on a GPU)";
+    for (;;) yield();  // the scheduler stops the block
+  }
   const int gen = g.warp_gen[w];
   if (++g.warp_arrived[w] == live_in_warp(w)) {
     g.warp_arrived[w] = 0;
@@ -99,12 +111,10 @@ inline size_t idx(const Thread& t) { return &t - g.threads.data(); }
 inline void trampoline() {
   g.body();
   g.cur->done = true;
-  // wake anyone waiting on a barrier that now has one fewer participant
-  for (int w = 0; w < (int)g.warp_arrived.size(); ++w)
-    if (g.warp_arrived[w] > 0 && g.warp_arrived[w] >= live_in_warp(w)) {
-      g.warp_arrived[w] = 0;
-      ++g.warp_gen[w];
-    }
+  if (g.warp_arrived[g.cur->warp] > 0)  // its warp waits in a collective it will never reach
+    g.error = "a thread of warp " + std::to_string(g.cur->warp) + " returned while the rest "
+              "of its warp waits in a full-warp collective (deadlock on a GPU)";
+  // __syncthreads counts the threads still running (as on Volta and later)
   if (g.block_arrived > 0 && g.block_arrived >= live_in_block()) {
     g.block_arrived = 0;
     ++g.block_gen;
@@ -153,6 +163,7 @@ void run_block(dim3 bid, F&& f) {
       threadIdx = t.tid;
       swapcontext(&g.sched, &t.ctx);
     }
+    if (!g.error.empty()) return;
     if (any && progress() == before) {
       g.error = "deadlock in block (" + std::to_string(bid.x) + ", " + std::to_string(bid.y) +
                 ", " + std::to_string(bid.z) + "): a warp collective or __syncthreads that not "
@@ -305,6 +316,7 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
