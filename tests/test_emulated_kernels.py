@@ -1,9 +1,9 @@
-"""Reference kernels run on the CPU in tools/cuda_emulator, against their native twins or torch:
+"""Reference kernels run on the CPU in tests/cuda_emulator, against their native twins or torch:
 the small kernels of a decode step (stages 04, 05, 08, 13), stage 06's GEMV, stage 07's and
 stage 12's prefill attention, and stage 09's and stage 14's decode attention. Their logic
 (indexing, masks, pipelines, fragment layouts, split-K) is checked on every CI run, not only
 on a GPU. Emulated, not graded: nothing here says anything about speed
-or about the GPU's memory model (tools/cuda_emulator/include/emu.h says what is emulated)."""
+or about the GPU's memory model (tests/cuda_emulator/include/emu.h says what is emulated)."""
 from __future__ import annotations
 
 import ctypes
@@ -54,7 +54,7 @@ extern "C" const char* emu_flash(const void* q, const void* k, const void* v, vo
 def _shim_function(path: str, shim: str, name: str, argtypes: list):
     """The shim's extern "C" function `name` of the kernel file `path`, built for the
     emulator; it returns None or the launcher's (or the emulator's) message."""
-    from tools import cuda_emulator
+    from tests import cuda_emulator
     try:
         lib = cuda_emulator.build(ROOT / path, shim)
     except ToolchainMissing as e:
@@ -426,7 +426,7 @@ def test_the_emulator_shuffles_and_reports_a_deadlock(tmp_path):
     extern "C" const char* emu_warp_sum(const float* x, float* out, int diverge) {
       EMU_CALL(launch_warp_sum(x, out, diverge));
     }"""
-    from tools import cuda_emulator
+    from tests import cuda_emulator
     try:
         fn = getattr(cuda_emulator.build(kernel, shim), "emu_warp_sum")
     except ToolchainMissing as e:

@@ -11,7 +11,7 @@
 // one of its lanes returned) is reported as a deadlock instead of hanging.
 //
 // Included first (g++ -include emu.h); include/pdl.cuh and include/mma.cuh stand in for the
-// course's headers of the same names. tools/cuda_emulator/__init__.py builds a kernel file.
+// course's headers of the same names. tests/cuda_emulator/__init__.py builds a kernel file.
 #pragma once
 #include <ucontext.h>
 #include <cmath>

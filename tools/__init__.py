@@ -1,1 +1,0 @@
-"""Developer tools of the course (not used by the engine, the stages or the grader)."""
