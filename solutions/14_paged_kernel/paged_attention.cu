@@ -58,7 +58,6 @@ constexpr int kMaxHeadDim = 128;
 constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
 constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
 constexpr int kMaxPartitions = 8192; // the reduction keeps one weight per partition in smem
-constexpr int kStages = 3;           // copies in flight per warp: kStages - 1 steps ahead
 constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
@@ -121,11 +120,14 @@ struct Running {
 // end, the warps' states: o as [kWarps][kRows][kD] floats, then m and l as [kWarps][kRows].
 template <int kD>
 struct Smem {
+  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (three 8.5 KB slots per
+  // warp would take 102 KB a block, more than the 99 KB an RTX 30xx/40xx or an L4 allows).
+  static constexpr int kStages = kD <= 64 ? 3 : 2;
   static constexpr int kPitch = kD + 8;
   static constexpr int kSlot = 2 * kStepKeys * kPitch;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 102 KB (128)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -217,7 +219,7 @@ template <int kD, int kR>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   wait_for_previous_kernel();    // launched early: the cache write must have finished
-  constexpr int kPitch = Smem<kD>::kPitch;
+  constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
   const int d = kD == 64 ? 64 : p.head_dim;
   const int pieces = d / 8;
@@ -511,10 +513,13 @@ template <int kD, int kR>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
   // BEGIN SOLUTION: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) | return "{todo}";
   constexpr size_t smem = Smem<kD>::kBytes;
-  static const cudaError_t opted = cudaFuncSetAttribute(
+  const cudaError_t opted = cudaFuncSetAttribute(
       paged_attention_kernel<kD, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(smem));
-  if (opted != cudaSuccess) return cudaGetErrorString(opted);
+  if (opted != cudaSuccess) {
+    cudaGetLastError();  // clear it: the message goes back through the return value
+    return cudaGetErrorString(opted);
+  }
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
   launch_early(paged_attention_kernel<kD, kR>, grid, kThreads, smem, stream, p);
