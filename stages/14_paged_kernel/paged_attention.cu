@@ -13,11 +13,11 @@
 // once, not once per query head -- but the arithmetic moves to the tensor cores. Stage 09 has
 // 8 lanes share a key, each with 8 of its dims: per key and query head 8 products, a 3-shuffle
 // sum and an online-softmax update, and every K and V value converted to float. At 4 query
-// heads that is ~50 instructions per key, as many as the memory system leaves time for. Here
-// the group's query heads are the rows of a 16 x 16 A operand of mma.sync (stage 12's
+// heads that is ~40 instructions per key, nearly as many as the memory system leaves time
+// for. Here the group's query heads are the rows of a 16 x 16 A operand of mma.sync (stage 12's
 // tensor-core product; rows past the group are zeros): S = Q K^T for 16 keys is d/16 x 2
 // mma, O += P V another d/16 x 2, the softmax runs on the score fragments, and no shuffle is
-// needed per key: ~6 instructions per key. Most of the tensor core's rows compute zeros;
+// needed per key: ~8 instructions per key. Most of the tensor core's rows compute zeros;
 // it does not matter, the kernel waits on memory, not on arithmetic.
 //
 // A warp never waits for the memory of the keys it is about to use: each step (16 keys) goes
