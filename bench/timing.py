@@ -10,8 +10,12 @@ other data, and the op finds none of its inputs there. A flush that writes the b
 to an L2 of DIRTY lines, which the op under test must write back to memory as its own reads
 evict them: up to 50 MB of extra traffic inside its timed region on an H100/H200, a third of
 what a 134 MB decode-attention call reads. No kernel of a decode step starts with that (the
-kernels before it write kilobytes to a few MB). `flush="write"` keeps the old method, to
-compare.
+kernels before it write kilobytes to a few MB). The other side of it: an op's own writes
+stay in the L2 (write-back) when they fit, and reach memory after its timed region, as in a
+real step, where the next kernel reads them from the L2; a decode-attention call writes only
+its small output, but an op that writes tens of MB (RMSNorm at 4,096 tokens: 16 MB) may then
+show more than the copy's share. The "same-bytes copy" beside each op is timed the same way.
+`flush="write"` keeps the old method, to compare.
 """
 from __future__ import annotations
 

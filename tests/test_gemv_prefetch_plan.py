@@ -25,9 +25,10 @@ def test_prefetch_plan_is_whole_rows_of_the_next_weight_in_a_cycle(monkeypatch):
     monkeypatch.setenv("TINYVLLM_L2_PREFETCH_MB", "1")
     op.plan_prefetch(ws)
     assert getattr(ws[0], "_tvllm_gemv_prefetch").shape == (256, 2048), "1 MiB = 256 rows of 4 KB"
-    monkeypatch.setenv("TINYVLLM_L2_PREFETCH_MB", "lots")
-    with pytest.raises(ValueError, match="TINYVLLM_L2_PREFETCH_MB must be a number"):
-        op.plan_prefetch(ws)
+    for bad in ("lots", "-1", "nan", "inf"):
+        monkeypatch.setenv("TINYVLLM_L2_PREFETCH_MB", bad)
+        with pytest.raises(ValueError, match="TINYVLLM_L2_PREFETCH_MB must be a number"):
+            op.plan_prefetch(ws)
 
 
 @pytest.mark.gpu

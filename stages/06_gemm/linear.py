@@ -53,10 +53,13 @@ def plan_prefetch(order: list[torch.Tensor], max_bytes: int | None = None) -> No
     if max_bytes is None:
         setting = os.environ.get("TINYVLLM_L2_PREFETCH_MB", "0")
         try:
-            max_bytes = int(float(setting) * 2**20)
+            mib = float(setting)
         except ValueError:
-            raise ValueError(f"TINYVLLM_L2_PREFETCH_MB must be a number of MiB, got {setting!r}") \
-                from None
+            mib = -1.0
+        if not 0 <= mib < 2**20:   # also False for NaN
+            raise ValueError(f"TINYVLLM_L2_PREFETCH_MB must be a number of MiB >= 0, got "
+                             f"{setting!r}")
+        max_bytes = int(mib * 2**20)
     for weight, after in zip(order, order[1:] + order[:1]):
         rows = min(after.shape[0], max_bytes // (after.shape[1] * after.element_size()))
         # kept on the weight itself: the plan lives and dies with the model's tensors
