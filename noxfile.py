@@ -52,7 +52,8 @@ def _run(session: nox.Session, *args: str, success_codes=(0,)) -> None:
 def grade(session: nox.Session) -> None:
     """Grade a stage: nox -s grade -- 07 [--cumulative | --solution] [--json F] [--junit F];
     `all` grades every stage and prints the course map, `next` finds your next stage.
-    (python3 -m grader 07 ...; `class DIR` grades a whole class, `list` lists the stages.)"""
+    (python3 -m grader 07 ...; `class DIR` grades a whole class, `list` lists the stages,
+    `emulate 07` runs your kernel on the CPU in the emulator: no grade.)"""
     if not session.posargs:
         session.error("which stage? e.g. nox -s grade -- 01   (nox -s grade -- list shows them)")
     _run(session, "-m", "grader", *session.posargs)

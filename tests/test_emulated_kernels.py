@@ -9,15 +9,12 @@ from __future__ import annotations
 import ctypes
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from course import parts
 from course.build import ToolchainMissing
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -51,12 +48,14 @@ extern "C" const char* emu_flash(const void* q, const void* k, const void* v, vo
 """
 
 
-def _shim_function(path: str, shim: str, name: str, argtypes: list):
-    """The shim's extern "C" function `name` of the kernel file `path`, built for the
-    emulator; it returns None or the launcher's (or the emulator's) message."""
+def _shim_function(stage: str, filename: str, shim: str, name: str, argtypes: list):
+    """The shim's extern "C" function `name` of stage `stage`'s kernel file, built for the
+    emulator: the reference's, or the student's when TINYVLLM_STUDENT names the stage (the
+    parts resolver; `python3 -m grader emulate NN`). It returns None or the launcher's (or
+    the emulator's) message."""
     from tests import cuda_emulator
     try:
-        lib = cuda_emulator.build(ROOT / path, shim)
+        lib = cuda_emulator.build(parts.path(stage, filename), shim)
     except ToolchainMissing as e:
         pytest.skip(f"no CUDA headers to build against: {e}")
     fn = getattr(lib, name)
@@ -65,7 +64,8 @@ def _shim_function(path: str, shim: str, name: str, argtypes: list):
 
 
 def _ok(error: bytes | None) -> None:
-    assert error is None, f"the launcher or the emulator said: {error.decode()}"
+    if error is not None:
+        pytest.fail(f"the launcher or the emulator said: {error.decode()}", pytrace=False)
 
 
 def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: int, seed: int):
@@ -81,7 +81,7 @@ def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: in
 
 @pytest.fixture(scope="module")
 def emu_paged():
-    return _shim_function("solutions/14_paged_kernel/paged_attention.cu", PAGED_SHIM, "emu_paged",
+    return _shim_function("14", "paged_attention.cu", PAGED_SHIM, "emu_paged",
                           [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_int64]
                           + [ctypes.c_int] * 9 + [ctypes.c_float])
 
@@ -159,7 +159,7 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
 
 @pytest.fixture(scope="module")
 def emu_flash():
-    return _shim_function("solutions/12_online_softmax/flash_attention.cu", FLASH_SHIM,
+    return _shim_function("12", "flash_attention.cu", FLASH_SHIM,
                           "emu_flash", [ctypes.c_void_p] * 6 + [ctypes.c_int] * 2
                           + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3 + [ctypes.c_float])
 
@@ -190,7 +190,7 @@ extern "C" const char* emu_gemv(const void* x, const void* w, void* y, int f32, 
 
 @pytest.fixture(scope="module")
 def emu_gemv():
-    return _shim_function("solutions/06_gemm/gemv.cu", GEMV_SHIM, "emu_gemv",
+    return _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv",
                           [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 3)
 
 
@@ -226,7 +226,7 @@ extern "C" const char* emu_decode(const void* q, const void* k, const void* v, v
 
 @pytest.fixture(scope="module")
 def emu_decode():
-    return _shim_function("solutions/09_kv_cache/decode_attention.cu", DECODE_SHIM, "emu_decode",
+    return _shim_function("09", "decode_attention.cu", DECODE_SHIM, "emu_decode",
                           [ctypes.c_void_p] * 6 + [ctypes.c_int, ctypes.c_int64]
                           + [ctypes.c_int] * 5 + [ctypes.c_float])
 
@@ -268,9 +268,8 @@ extern "C" const char* emu_fused(void* x, void* residual, const void* w, int64_t
 @pytest.mark.parametrize("rows,hidden", [(3, 2048), (2, 576), (1, 100)])
 def test_rmsnorm_kernels_in_the_emulator(rows, hidden):
     args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float]
-    path = "solutions/04_rmsnorm/rmsnorm.cu"
-    rmsnorm = _shim_function(path, RMSNORM_SHIM, "emu_rmsnorm", args)
-    fused = _shim_function(path, RMSNORM_SHIM, "emu_fused", args)
+    rmsnorm = _shim_function("04", "rmsnorm.cu", RMSNORM_SHIM, "emu_rmsnorm", args)
+    fused = _shim_function("04", "rmsnorm.cu", RMSNORM_SHIM, "emu_fused", args)
     g = torch.Generator().manual_seed(rows * hidden)
     x, r = (torch.randn(rows, hidden, generator=g).bfloat16() for _ in range(2))
     w = torch.randn(hidden, generator=g).bfloat16()
@@ -297,7 +296,7 @@ extern "C" const char* emu_rope(void* q, void* k, const int64_t* positions, cons
 
 @pytest.mark.parametrize("tokens,q_heads,k_heads,d", [(3, 32, 8, 64), (2, 9, 3, 64), (1, 4, 2, 36)])
 def test_rope_kernel_in_the_emulator(tokens, q_heads, k_heads, d):
-    rope = _shim_function("solutions/05_rope/rope.cu", ROPE_SHIM, "emu_rope",
+    rope = _shim_function("05", "rope.cu", ROPE_SHIM, "emu_rope",
                           [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3
                           + [ctypes.c_int64])
     g = torch.Generator().manual_seed(tokens * d + q_heads)
@@ -327,7 +326,7 @@ extern "C" const char* emu_silu_mul(const void* x, void* out, int64_t rows, int6
 
 @pytest.mark.parametrize("rows,inter", [(2, 8192), (3, 100)])
 def test_silu_mul_kernel_in_the_emulator(rows, inter):
-    silu_mul = _shim_function("solutions/08_forward/activation.cu", SILU_SHIM, "emu_silu_mul",
+    silu_mul = _shim_function("08", "activation.cu", SILU_SHIM, "emu_silu_mul",
                               [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2)
     x = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(inter)).bfloat16()
     out = torch.empty(rows, inter).bfloat16()
@@ -350,7 +349,7 @@ extern "C" const char* emu_cache_write(const void* k, const void* v, void* k_cac
 def test_cache_write_kernel_in_the_emulator():
     """Tokens to shuffled rows of the pool, a padding slot (-1) skipped, k and v as views of a
     fused QKV row."""
-    write = _shim_function("solutions/13_paged_kv_cache/cache_write.cu", CACHE_SHIM,
+    write = _shim_function("13", "cache_write.cu", CACHE_SHIM,
                            "emu_cache_write", [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5)
     g = torch.Generator().manual_seed(13)
     tokens, n_kv, d, blocks, block_size = 5, 2, 64, 4, 4
@@ -385,7 +384,7 @@ extern "C" const char* emu_prefill(const void* q, const void* k, const void* v, 
 def test_prefill_attention_kernel_in_the_emulator(lens_q, lens_k, n_heads, n_kv, d, smem_limit):
     """Stage 07's kernel (shared-memory tiles, two passes over the scores); with a T4's 64 KB
     per block, its 32-row tiles at head_dim 128."""
-    prefill = _shim_function("solutions/07_attention/attention.cu", PREFILL_SHIM, "emu_prefill",
+    prefill = _shim_function("07", "attention.cu", PREFILL_SHIM, "emu_prefill",
                              [ctypes.c_void_p] * 6 + [ctypes.c_int] * 2 + [ctypes.c_int64] * 3
                              + [ctypes.c_int] * 3 + [ctypes.c_float, ctypes.c_int64])
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + 7)

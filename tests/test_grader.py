@@ -243,3 +243,16 @@ def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
     assert r.returncode == 2, f"grader {' '.join(args)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert message in r.stderr, f"grader {' '.join(args)} said:\n{r.stderr}"
     assert not Path("/nonexistent").exists(), "a refused command must create nothing"
+
+
+def test_emulate_runs_the_students_kernel_or_the_reference_on_the_cpu():
+    """`grader emulate NN`: the reference passes, the skeleton fails with its TODO message (the
+    student's file is the one built), a stage without kernels is a usage error."""
+    ref = grader_cli("emulate", "04", "--solution")
+    assert ref.returncode == 0, f"the reference RMSNorm in the emulator:\n{ref.stdout}\n{ref.stderr}"
+    assert "not a grade" in ref.stdout
+    mine = grader_cli("emulate", "04")
+    assert mine.returncode == 1 and "TODO stage 04" in mine.stdout, \
+        f"the skeleton must fail with its TODO:\n{mine.stdout[-2000:]}"
+    none = grader_cli("emulate", "02")
+    assert none.returncode == 2 and "has no kernel the emulator runs" in none.stderr

@@ -8,7 +8,8 @@ as rendezvous: see its header for what is and is not emulated); its inline-PTX h
 replaced by emulated ones (BODIES below; a header's wrappers by include/mma.cuh), the
 launches by include/pdl.cuh. The shim calls
 `emu::clear_error()` first and returns `emu::error()` when a launch deadlocked. Used by
-tests/test_emulated_kernels.py; needs g++ and the CUDA headers (course.build finds them).
+tests/test_emulated_kernels.py (in CI, on the reference kernels) and by `python3 -m grader
+emulate NN` (on a student's); needs g++ and the CUDA headers (course.build finds them).
 """
 from __future__ import annotations
 
@@ -68,11 +69,12 @@ def preprocess(src: str) -> str:
     return re.sub(r"\.rescale<", ".template rescale<", src)
 
 
-def build(kernel: Path, shim: str) -> ctypes.CDLL:
-    """Compile `kernel` (a .cu of solutions/ or stages/) with `shim` appended into a shared
-    library, cached by content under course.build's cache directory; load it."""
+def build(kernel: Path, shim: str, common: Path | None = None) -> ctypes.CDLL:
+    """Compile `kernel` (a .cu of solutions/ or a student's stage folder) with `shim` appended
+    into a shared library, cached by content under course.build's cache directory; load it.
+    common: the shared headers (default: the course's solutions/common)."""
     from course import build as course_build
-    common = kernel.resolve().parents[1] / "common"
+    common = common or course_build.COMMON
     text = ('#include "emu.h"\n' + preprocess(kernel.read_text()) + "\n" + shim)
     headers = b"".join(p.read_bytes() for p in sorted((HERE / "include").glob("*")))
     headers += b"".join(p.read_bytes() for p in sorted(common.glob("*")))
