@@ -5,19 +5,19 @@ shuffles, shared memory, tensor-core fragments -- on the host, thread by thread,
 what it writes with the native twin on a few shapes (tests/test_emulated_kernels.py). What it
 cannot tell: speed, races between blocks, the GPU's memory model. A shuffle that not every lane
 of the warp reaches is reported as a deadlock. On a GPU, `python3 -m grader NN` is the grade.
+The tests run like a stage's (grader/runner.py): each under a timeout, and a kernel that
+crashes the emulator costs its own test only.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 from course import manifest
-from grader import arguments
+from grader import arguments, report, runner
 
-ROOT = manifest.ROOT
-# stage id -> the tests of tests/test_emulated_kernels.py that run its kernels
+TEST_FILE = manifest.ROOT / "tests" / "test_emulated_kernels.py"
+# stage id -> the tests of TEST_FILE that run its kernels
 TESTS = {
     "04": "rmsnorm_kernels", "05": "rope_kernel", "06": "gemv_kernel",
     "07": "prefill_attention_kernel", "08": "silu_mul_kernel",
@@ -31,33 +31,26 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", help="stage id, e.g. 14")
     p.add_argument("--solution", action="store_true", help="the reference kernel instead of yours")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="stop after S seconds (a kernel that loops forever; default 600)")
+    p.add_argument("--student-root", type=Path, metavar="DIR",
+                   help="directory holding your NN_name/ stage folders (default: stages/)")
+    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT, metavar="S",
+                   help="seconds one test may run before it is killed (default %(default)s)")
     args = p.parse_args(argv)
     arguments.positive_seconds(p, timeout=args.timeout)
+    arguments.existing_dirs(p, student_root=args.student_root)
     stage = manifest.find_ready(args.stage)
     if stage.id not in TESTS:
-        with_kernels = ", ".join(sorted(TESTS))
-        print(f"error: stage {stage.id} has no kernel the emulator runs (stages {with_kernels})",
-              file=sys.stderr)
-        return 2
-    env = dict(os.environ)
-    env.pop("TINYVLLM_STUDENT", None)
-    if not args.solution:
-        env["TINYVLLM_STUDENT"] = stage.id
-    whose = "the reference" if args.solution else "your"
-    print(f"stage {stage.id}: {whose} kernel on the CPU, in the emulator (logic only, not a "
-          "grade)", flush=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "--tb=short", "-p", "no:cacheprovider",
-           "-p", "no:faulthandler",
-           "tests/test_emulated_kernels.py", "-k", TESTS[stage.id]]
-    try:
-        code = subprocess.run(cmd, cwd=ROOT, env=env, timeout=args.timeout).returncode
-    except subprocess.TimeoutExpired:
-        print(f"stage {stage.id}: still running after {args.timeout:g} s, stopped (a loop that "
-              "never ends?)", file=sys.stderr)
-        return 1
-    if code < 0:   # the emulated kernel wrote where it must not, and took the host process down
-        print(f"stage {stage.id}: the kernel crashed the emulator (signal {-code}): most likely "
-              "a read or write out of bounds", file=sys.stderr)
-    return 0 if code == 0 else 1
+        p.error(f"stage {stage.id} has no kernel the emulator runs (stages "
+                f"{', '.join(sorted(TESTS))})")
+    student_ids = [] if args.solution else [stage.id]
+    result = runner.StageResult(stage, runner.selection_label(student_ids, args.student_root))
+    print("\n".join(report.header(stage, result.selection)
+                    + ["  on the CPU, in the emulator: logic only, not a grade"]), flush=True)
+    result.tests, result.errors = runner.run_tests(
+        [TEST_FILE], student_ids, args.student_root, args.timeout,
+        pytest_args=("-k", TESTS[stage.id]), listener=report.LivePrinter())
+    passed = result.counts().get("passed", 0)
+    print("\n".join(report.failure_details(result)))
+    print(f"\nEmulated: {passed} of {len(result.tests)} checks passed (not a grade; "
+          f"`python3 -m grader {stage.id}` on a GPU is)")
+    return 0 if result.full_marks else 1

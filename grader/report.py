@@ -64,8 +64,8 @@ def test_lines(t: TestResult, width: int) -> list[str]:
     return lines
 
 
-def footer(result: StageResult, details: int = 12) -> list[str]:
-    """Errors, each distinct failure's details once, the score and what to do next."""
+def failure_details(result: StageResult, details: int = 12) -> list[str]:
+    """Errors, then each distinct failure's details once."""
     out: list[str] = []
     for err in result.errors:
         out += ["", "  ERROR " + err.replace("\n", "\n    ")]
@@ -80,6 +80,12 @@ def footer(result: StageResult, details: int = 12) -> list[str]:
         out += ["", f"--- {names}", *("    " + ln for ln in message.splitlines())]
     if len(groups) > details:
         out.append(f"\n({len(groups) - details} more failures not shown; see --json)")
+    return out
+
+
+def footer(result: StageResult, details: int = 12) -> list[str]:
+    """Errors, each distinct failure's details once, the score and what to do next."""
+    out = failure_details(result, details)
     counts = result.counts()
     out += ["", f"Score: {score_line(result)}"]
     if counts.get("not_graded"):

@@ -51,9 +51,9 @@ struct State {
   Thread* cur = nullptr;
   ucontext_t sched;
   std::vector<char> dyn_smem;
-  // rendezvous
-  std::vector<int> warp_arrived, warp_gen;
-  int block_arrived = 0, block_gen = 0;
+  // rendezvous: per warp its threads, how many returned, arrived and the barrier's generation
+  std::vector<int> warp_size, warp_returned, warp_arrived, warp_gen;
+  int block_live = 0, block_arrived = 0, block_gen = 0;
   int block_or = 0, block_or_result = 0;
   // exchange buffers per thread (64 bytes each)
   std::vector<std::array<uint64_t, 16>> xbuf;
@@ -64,32 +64,17 @@ inline State g;
 inline void yield() { swapcontext(&g.cur->ctx, &g.sched); }
 inline const char* error() { return g.error.empty() ? nullptr : g.error.c_str(); }
 inline void clear_error() { g.error.clear(); }
-inline int live_in_warp(int w) {
-  int n = 0;
-  for (auto& t : g.threads) n += (t.warp == w && !t.done);
-  return n;
-}
-inline int live_in_block() {
-  int n = 0;
-  for (auto& t : g.threads) n += !t.done;
-  return n;
-}
-inline int threads_in_warp(int w) {
-  int n = 0;
-  for (auto& t : g.threads) n += t.warp == w;
-  return n;
-}
 // A collective of the whole warp (the kernels pass the full mask): every thread of the warp
 // must still be running. One that has returned makes it undefined on a GPU: an error here.
 inline void warp_barrier() {
   const int w = g.cur->warp;
-  if (live_in_warp(w) < threads_in_warp(w)) {
+  if (g.warp_returned[w] > 0) {
     g.error = "a full-warp collective (shuffle, __syncwarp, ldmatrix, mma) in warp " +
               std::to_string(w) + " after some of its threads returned (deadlock on a GPU)";
     for (;;) yield();  // the scheduler stops the block
   }
   const int gen = g.warp_gen[w];
-  if (++g.warp_arrived[w] == live_in_warp(w)) {
+  if (++g.warp_arrived[w] == g.warp_size[w]) {
     g.warp_arrived[w] = 0;
     ++g.warp_gen[w];
     return;
@@ -98,7 +83,7 @@ inline void warp_barrier() {
 }
 inline void block_barrier() {
   const int gen = g.block_gen;
-  if (++g.block_arrived == live_in_block()) {
+  if (++g.block_arrived == g.block_live) {
     g.block_arrived = 0;
     ++g.block_gen;
     return;
@@ -111,11 +96,13 @@ inline size_t idx(const Thread& t) { return &t - g.threads.data(); }
 inline void trampoline() {
   g.body();
   g.cur->done = true;
+  ++g.warp_returned[g.cur->warp];
+  --g.block_live;
   if (g.warp_arrived[g.cur->warp] > 0)  // its warp waits in a collective it will never reach
     g.error = "a thread of warp " + std::to_string(g.cur->warp) + " returned while the rest "
               "of its warp waits in a full-warp collective (deadlock on a GPU)";
   // __syncthreads counts the threads still running (as on Volta and later)
-  if (g.block_arrived > 0 && g.block_arrived >= live_in_block()) {
+  if (g.block_arrived > 0 && g.block_arrived >= g.block_live) {
     g.block_arrived = 0;
     ++g.block_gen;
   }
@@ -130,8 +117,13 @@ void run_block(dim3 bid, F&& f) {
   g.threads.clear();
   g.threads.resize(n);
   g.xbuf.assign(n, {});
-  g.warp_arrived.assign((n + 31) / 32, 0);
-  g.warp_gen.assign((n + 31) / 32, 0);
+  const int warps = (n + 31) / 32;
+  g.warp_size.assign(warps, 32);
+  g.warp_size[warps - 1] = n - 32 * (warps - 1);
+  g.warp_returned.assign(warps, 0);
+  g.warp_arrived.assign(warps, 0);
+  g.warp_gen.assign(warps, 0);
+  g.block_live = n;
   g.block_arrived = 0;
   g.body = f;
   for (int i = 0; i < n; ++i) {
@@ -148,9 +140,8 @@ void run_block(dim3 bid, F&& f) {
   }
   // A pass over the fibers in which no barrier opened and no fiber ended is a deadlock.
   auto progress = [] {
-    long sum = g.block_gen;
+    long sum = g.block_gen - g.block_live;
     for (int v : g.warp_gen) sum += v;
-    for (auto& t : g.threads) sum += t.done;
     return sum;
   };
   for (bool any = true; any;) {
@@ -238,7 +229,7 @@ inline int syncthreads_or(int p) {
   if (g.block_arrived == 0) g.block_or = 0;
   g.block_or |= p ? 1 : 0;
   const int gen = g.block_gen;
-  if (++g.block_arrived == live_in_block()) {
+  if (++g.block_arrived == g.block_live) {
     g.block_or_result = g.block_or;
     g.block_arrived = 0;
     ++g.block_gen;
