@@ -19,7 +19,9 @@
 // bf16 with cp.async, double-buffered: tile j+1 is in flight while tile j is computed. The
 // [T, T] score matrix never exists anywhere: a warp's scores live in registers for one tile.
 //
-// Fragment layouts (PTX ISA, "mma.m16n8k16"): lane = 4 g + t (g = lane / 4, t = lane % 4).
+// Fragment layouts (PTX ISA, "mma.m16n8k16"; the wrappers ldmatrix_x4, ldmatrix_x4_trans,
+// mma_bf16 and pack_bf16 are in solutions/common/mma.cuh, shared with stage 14):
+// lane = 4 g + t (g = lane / 4, t = lane % 4).
 //   A (16 x 16, row-major), 4 registers of 2 bf16: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
 //     (g+8, 2t+8..).
 //   B (16 x 8, "col": 8 columns of 16), 2 registers: (k 2t..2t+1, n g), (k 2t+8.., n g).
@@ -38,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "mma.cuh"
 #include "tvllm.h"
 
 namespace {
@@ -77,10 +80,6 @@ struct Smem {
 
 // ---------------------------------------------------------------- PTX wrappers (given)
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16 bytes global -> shared without passing through registers; src_bytes = 0 writes zeros.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
@@ -93,34 +92,6 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
-// Four 8 x 8 bf16 matrices from shared memory: lanes 8i .. 8i+7 give the addresses of the 8
-// rows (16 bytes each) of matrix i; register i of lane 4g + t holds row g, columns 2t, 2t+1
-// of matrix i (.trans: row 2t and 2t+1, column g -- the matrix transposed).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-// c += a b on the tensor cores: a 16 x 16 (A fragment), b 16 x 8 (B fragment), c 16 x 8 float.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats -> one register of two bf16, the first in the low half (the lower column).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&two);
 }
 
 // 2^x in one instruction (MUFU.EX2); exp2(-inf) = 0.

@@ -8,17 +8,24 @@
 // row j % block_size of physical block block_tables[b, j / block_size]. block_size is a power
 // of two, so that is a shift and a mask.
 //
-// Same plan as stage 09: the kernel is memory-bound, so one thread block serves one (sequence,
-// KV head) and computes every query head of its GQA group (K and V are read once, not once per
-// query head); 8 lanes share a key at head_dim 64 (16 at 128), each with one 16-byte piece; an
-// online softmax per lane group; lane groups merged with shuffles, warps through shared memory.
+// Same plan as stage 09 -- the kernel is memory-bound, so one thread block serves one
+// (sequence, KV head) and computes every query head of its GQA group, and K and V are read
+// once, not once per query head -- but the arithmetic moves to the tensor cores. Stage 09 has
+// 8 lanes share a key, each with 8 of its dims: per key and query head 8 products, a 3-shuffle
+// sum and an online-softmax update, and every K and V value converted to float. At 4 query
+// heads that is ~40 instructions per key, nearly as many as the memory system leaves time
+// for. Here the group's query heads are the rows of a 16 x 16 A operand of mma.sync (stage 12's
+// tensor-core product; rows past the group are zeros): S = Q K^T for 16 keys is d/16 x 2
+// mma, O += P V another d/16 x 2, the softmax runs on the score fragments, and no shuffle is
+// needed per key: ~8 instructions per key. Most of the tensor core's rows compute zeros;
+// it does not matter, the kernel waits on memory, not on arithmetic.
 //
-// What is new, for speed: a warp never waits for the memory of the keys it is about to use.
-// Its loads go straight into shared memory with cp.async (16 bytes per lane, no registers held
-// while in flight), kStages steps ahead: while a warp computes step i, steps i + 1 and i + 2
-// are on their way. Each lane copies into and reads back only its own 16-byte slots, so no
-// barrier is needed, only cp.async.wait_group. The block-table entries of a step are read one
-// step before its copies are issued, so the copies never wait for the table either.
+// A warp never waits for the memory of the keys it is about to use: each step (16 keys) goes
+// straight into the warp's ring of kStages slots in shared memory with cp.async, kStages - 1
+// steps ahead, rows pitched d + 8 so ldmatrix reads them without bank conflicts. ldmatrix reads
+// rows that other lanes copied, so after each lane's cp.async.wait_group the warp meets at
+// __syncwarp (and again before a slot is refilled). The block-table entries of a step are read
+// one step before its copies are issued, so the copies never wait for the table either.
 //
 // Split-K (flash-decoding). One sequence gives only n_kv_heads blocks (8 for Llama-3.2-1B, on
 // a GPU of 132 SMs). With `partitions` > 1 the grid gets one block per (sequence, KV head,
@@ -40,6 +47,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "mma.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
@@ -48,10 +56,12 @@ namespace {
 
 constexpr int kMaxHeadDim = 128;
 constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
-constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp (head_dim 64)
+constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
 constexpr int kMaxPartitions = 8192; // the reduction keeps one weight per partition in smem
-constexpr int kStages = 3;           // copies in flight per warp: kStages - 1 steps ahead
+constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
+constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
+constexpr int kWarps = kThreads / 32;
 constexpr int kReduceThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -69,7 +79,7 @@ struct Params {
   int64_t q_stride;              // elements from one sequence's q row to the next
   int n_heads, n_kv_heads, head_dim;
   int group;                     // n_heads / n_kv_heads
-  int head_chunks;               // blocks per KV head: ceil(group / kG)
+  int head_chunks;               // blocks per KV head: ceil(group / kRows)
   int num_blocks, block_size, block_shift, max_blocks;
   int max_keys;                  // longest context allowed: min(max_blocks * block_size, max_context)
   int partitions;                // 1: one pass, writes out; more: split-K partials
@@ -77,44 +87,9 @@ struct Params {
   float scale_log2;              // scale * log2(e)
 };
 
-// Groups of 5..8 query heads hold twice the registers per head: fewer keys per step, fewer
-// blocks per SM.
-__host__ __device__ constexpr int unroll(int kG) { return kG > 4 ? 2 : 4; }
-__host__ __device__ constexpr int min_blocks(int kG) { return kG > 4 ? 2 : 4; }
-
-// Lanes that share a key: its 16-byte pieces rounded up to a power of two (lanes past the
-// head's end copy nothing).
-__device__ __forceinline__ int lanes_per_key(int pieces) {
-  int n = 1;
-  while (n < pieces) n *= 2;
-  return n;
-}
-
-// Query heads a block computes: the group for 1..4, 8 (padded) for 5..8, chunks of 8 above.
-inline int heads_per_block(int group) { return group <= 4 ? group : 8; }
-
-// cp.async (copy16, copies_commit, copies_wait): solutions/common/cp_async.cuh.
-
-// 8 bf16 (16 bytes) -> 8 floats: a bf16 is the top half of a float32.
-__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
-  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[2 * e] = __uint_as_float(w[e] << 16);
-    f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-  }
-}
-
-// Sum over an aligned group of `width` lanes (a power of two); every lane gets the total.
-__device__ __forceinline__ float lane_group_sum(float x, int width) {
-  // BEGIN SOLUTION: a butterfly of xor shuffles, offsets width/2 .. 1 | return 0.f;
-  for (int delta = width >> 1; delta >= 1; delta >>= 1) x += __shfl_xor_sync(0xffffffffu, x, delta);
-  return x;
-  // END SOLUTION
-}
-
-// The running softmax of one query head over the keys a lane group has seen (base 2):
-// m = max score, l = sum 2^(s - m), o = sum 2^(s - m) v (this lane's 8 dimensions).
+// The softmax state of one query head over some of its keys (base 2): m = max score, l = sum
+// 2^(s - m), o = sum 2^(s - m) v for 8 of its dims. The warps' states, and the partitions',
+// are merged with it.
 struct Running {
   float m, l, o[8];
 
@@ -123,29 +98,6 @@ struct Running {
     l = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = 0.f;
-  }
-
-  // Take in kU new scores s (base 2; -inf for keys past the context): grow m, rescale l and
-  // o to it, and turn each score into its weight 2^(s - m), added to l. The caller then adds
-  // weight * value to o (the values stay in shared memory until then).
-  template <int kU>
-  __device__ __forceinline__ void rescale(float (&s)[kU]) {
-    // BEGIN SOLUTION: grow m; l and o times 2^(m_old - m_new); s[u] = 2^(s[u] - m_new) added to l (no NaN before the first key)
-    float top = m;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) top = fmaxf(top, s[u]);
-    const float ref = top == -INFINITY ? 0.f : top;  // nothing seen yet: every weight is 0
-    const float shrink = exp2f(m - ref);
-    l *= shrink;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] *= shrink;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      s[u] = exp2f(s[u] - ref);
-      l += s[u];
-    }
-    m = top;
-    // END SOLUTION
   }
 
   // Fold in the state of other keys of the same head.
@@ -162,30 +114,124 @@ struct Running {
   }
 };
 
-// One block per (sequence [, partition], KV head [, chunk of its group]): blockIdx.x =
-// b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
-// kD: head_dim, or 0 to read it from p.head_dim (a multiple of 8 up to 128).
-template <int kD, int kG>
-__global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kernel(Params p) {
+// Shared memory of a block of head size kD: during the keys, each warp's ring of kStages
+// slots, a slot holding a step's 16 K rows then its 16 V rows, pitched kD + 8 bf16 (ldmatrix
+// reads 8 rows at once: with a pitch of 128 or 256 bytes all 8 would share 4 banks); at the
+// end, the warps' states: o as [kWarps][kRows][kD] floats, then m and l as [kWarps][kRows].
+template <int kD>
+struct Smem {
+  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (three 8.5 KB slots per
+  // warp would take 102 KB a block, more than the 99 KB an RTX 30xx/40xx or an L4 allows).
+  static constexpr int kStages = kD <= 64 ? 3 : 2;
+  static constexpr int kPitch = kD + 8;
+  static constexpr int kSlot = 2 * kStepKeys * kPitch;  // bf16
+  static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
+  static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
+};
+
+// S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
+// ks, the step's 16 K rows (pitch kD + 8). s[j]: the C fragment of keys 8j .. 8j + 7 (this
+// lane: rows g and g + 8, keys 8j + 2t and 8j + 2t + 1).
+template <int kD>
+__device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
+                                            const __nv_bfloat16* ks, int lane,
+                                            float (&s)[2][4]) {
+  // BEGIN SOLUTION: zero s; per 16 dims one ldmatrix.x4 of the 16 K rows (B fragments of both key tiles) and two mma
+#pragma unroll
+  for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile 0); 8-15: keys 0-7, dims 8-15 (its b1);
+  // 16-23: keys 8-15, dims 0-7 (b0 of tile 1); 24-31: keys 8-15, dims 8-15.
+  const __nv_bfloat16* base = ks + ((lane % 8) + 8 * (lane / 16)) * Smem<kD>::kPitch + 8 * ((lane / 8) % 2);
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t b[4];
+    ldmatrix_x4(b, base + kk * 16);
+    mma_bf16(s[0], qf[kk], b[0], b[1]);
+    mma_bf16(s[1], qf[kk], b[2], b[3]);
+  }
+  // END SOLUTION
+}
+
+// The online softmax of one step for this lane's rows r < kR (row g + 8r): s holds the step's
+// scores, already times scale * log2(e) and -inf past the keys. m[r]: the row's running max
+// (the same in its 4 lanes); l[r]: this lane's share of the running sum (its columns; the 4
+// lanes are added once, at the end); o[i][2r], o[i][2r + 1]: the row's unnormalised output,
+// dims 8i + 2t and 8i + 2t + 1. On return s holds p = 2^(s - m_new).
+template <int kD, int kR>
+__device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], float (&l)[kR],
+                                             float (&o)[kD / 8][4]) {
+  // BEGIN SOLUTION: per row: the step's max over the row's 4 lanes (shuffles 1 and 2); alpha = 2^(m_old - m_new); p = 2^(s - m_new); rescale l and o by alpha; l += sum p
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]),
+                                 fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // Nothing seen yet: mx = -inf, and -inf - -inf would be NaN; any finite base gives 0s.
+    const float base = mx == -INFINITY ? 0.f : mx;
+    const float alpha = exp2f(m[r] - base);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][2 * r] = exp2f(s[j][2 * r] - base);
+      s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - base);
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    l[r] = l[r] * alpha + sum;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[i][2 * r] *= alpha;
+      o[i][2 * r + 1] *= alpha;
+    }
+  }
+  // END SOLUTION
+}
+
+// o += P V for one step: P (16 rows x 16 keys, in s) becomes one bf16 A fragment; vs, the
+// step's 16 V rows, read with ldmatrix.trans as B fragments, 16 dims at a time.
+template <int kD>
+__device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
+                                            int lane, float (&o)[kD / 8][4]) {
+  // BEGIN SOLUTION: the A fragment of P from the two score tiles; per 16 dims one ldmatrix.x4.trans of V and two mma
+  const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
+                         pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
+  // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
+  const __nv_bfloat16* base = vs + ((lane % 8) + 8 * ((lane / 8) % 2)) * Smem<kD>::kPitch + 8 * (lane / 16);
+#pragma unroll
+  for (int i = 0; i < kD / 8; i += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, base + i * 8);
+    mma_bf16(o[i], a, b[0], b[1]);
+    mma_bf16(o[i + 1], a, b[2], b[3]);
+  }
+  // END SOLUTION
+}
+
+// One block per (sequence [, partition], KV head [, chunk of 16 of its query heads]):
+// blockIdx.x = b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
+// kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
+// zeros in shared memory and in Q). kR: rows per lane holding query heads, 1 when a block has
+// at most 8 (row g) and 2 above (rows g and g + 8).
+template <int kD, int kR>
+__global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   wait_for_previous_kernel();    // launched early: the cache write must have finished
-  constexpr int kU = unroll(kG);  // keys per lane per step
-  constexpr int kWarps = kThreads / 32;
-  const int d = kD ? kD : p.head_dim;
-  const int chunks = d / 8;  // 16-byte pieces of one head's row
-  const int lanes = kD ? kD / 8 : lanes_per_key(chunks);
-  const int keys_per_step = 32 / lanes;  // keys one copy instruction of a warp covers
-  const int step = kU * keys_per_step;   // keys per warp step (16 at head_dim 64)
+  constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
+  constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
+  const int d = kD == 64 ? 64 : p.head_dim;
+  const int pieces = d / 8;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int key_in_step = lane / lanes, c = lane % lanes;
-  const bool has_chunk = c < chunks;
+  const int g = lane / 4, t = lane % 4;
 
   const int b = blockIdx.x / p.partitions, part = blockIdx.x % p.partitions;
-  // BEGIN SOLUTION: the KV head, the first query head h0 and how many (n_here) this block computes | const int kv_head = 0, h0 = 0, n_here = 0;
+  // BEGIN SOLUTION: the KV head, the first query head h0 and how many (n_here, at most kRows) this block computes | const int kv_head = 0, h0 = 0, n_here = 0;
   const int kv_head = blockIdx.y / p.head_chunks;
-  const int first = (blockIdx.y % p.head_chunks) * kG;
+  const int first = (blockIdx.y % p.head_chunks) * kRows;
   const int h0 = kv_head * p.group + first;
-  const int n_here = min(kG, p.group - first);
+  const int n_here = min(kRows, p.group - first);
   // END SOLUTION
 
   const int len = p.context_lens[b];
@@ -204,76 +250,85 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kern
   }
   if (bad_len || k_begin >= k_end) return;  // split-K: the reduction writes this row
 
-  // This lane's 8 dimensions of each query head, times scale * log2(e); zeros past the head.
-  float q[kG][8];
-  const __nv_bfloat16* q_row = p.q + b * p.q_stride + static_cast<int64_t>(h0) * d + c * 8;
+  // The query heads h0 .. h0 + n_here - 1 as A fragments, row = head, dims 16kk .. 16kk + 15;
+  // rows past n_here and dims past d are zeros.
+  uint32_t qf[kD / 16][4];
+  const __nv_bfloat16* q_rows = p.q + b * p.q_stride + static_cast<int64_t>(h0) * d;
+  // BEGIN SOLUTION: per kk the 4 registers of the A fragment (rows g and g + 8, dims 2t and 2t + 8 within the 16): two bf16 = one 32-bit load each, 0 outside the heads and dims
+  auto q_pair = [&](int row, int col) -> uint32_t {
+    return row < n_here && col < d ? *reinterpret_cast<const uint32_t*>(q_rows + row * d + col) : 0u;
+  };
 #pragma unroll
-  for (int i = 0; i < kG; ++i) {
-    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-    if (i < n_here && has_chunk) raw = *reinterpret_cast<const uint4*>(q_row + i * d);
-    unpack8(raw, q[i]);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q[i][e] *= p.scale_log2;
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    qf[kk][0] = q_pair(g, 16 * kk + 2 * t);
+    qf[kk][1] = q_pair(g + 8, 16 * kk + 2 * t);
+    qf[kk][2] = q_pair(g, 16 * kk + 2 * t + 8);
+    qf[kk][3] = q_pair(g + 8, 16 * kk + 2 * t + 8);
   }
-  Running st[kG];
+  // END SOLUTION
+  float o[kD / 8][4];
 #pragma unroll
-  for (int i = 0; i < kG; ++i) st[i].reset();
+  for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[kR], l[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-  // Row r of physical block n, KV head kv_head, this lane's piece: (n * block_size + r) *
-  // key_stride + head_off elements into k_cache (and v_cache).
+  // Row r of physical block n, KV head kv_head: (n * block_size + r) * key_stride + head_off
+  // elements into k_cache (and v_cache).
   const int64_t key_stride = static_cast<int64_t>(p.n_kv_heads) * d;
-  const int64_t head_off = static_cast<int64_t>(kv_head) * d + c * 8;
+  const int64_t head_off = static_cast<int64_t>(kv_head) * d;
   const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;
 
-  // Warp w takes steps w, w + kWarps, ... of the block's range; its i-th is step warp + i *
-  // kWarps. my_steps is the same for all 32 lanes, so every lane reaches every shuffle.
-  const int n_steps = (k_end - k_begin + step - 1) / step;
+  // Warp w takes steps w, w + kWarps, ... of the block's range; its i-th starts at key
+  // first_key(i). my_steps is the same for all 32 lanes, so every lane reaches every
+  // collective (shuffle, ldmatrix, mma).
+  const int n_steps = (k_end - k_begin + kStepKeys - 1) / kStepKeys;
   const int my_steps = warp < n_steps ? (n_steps - warp + kWarps - 1) / kWarps : 0;
-  auto key_of = [&](int i, int u) {
-    return k_begin + (warp + i * kWarps) * step + u * keys_per_step + key_in_step;
-  };
+  auto first_key = [&](int i) { return k_begin + (warp + i * kWarps) * kStepKeys; };
 
-  // Each warp's ring of kStages slots; a slot holds, per key u of a step, 32 lanes' K pieces
-  // then 32 lanes' V pieces (uint4 index (2u + 0/1) * 32 + lane): one lane, its own slots.
   extern __shared__ uint4 smem[];
-  uint4* ring = smem + warp * (kStages * kU * 64);
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
-  // The physical block of each key this lane copies in its step i.
-  auto lookup = [&](int i, int (&blk)[kU]) {
-    // BEGIN SOLUTION: per u: key j = key_of(i, u); its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0)
+  // A step's 16 rows x kD / 8 pieces of K (and as many of V), spread over the lanes: this
+  // lane's x-th is piece c = lane + 32x, of row c / (kD / 8).
+  // The physical block of the key of each piece this lane copies in its step i.
+  auto lookup = [&](int i, int (&blk)[kCopies]) {
+    // BEGIN SOLUTION: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int j = key_of(i, u);
-      blk[u] = i < my_steps && j < k_end ? __ldg(table + (j >> p.block_shift)) : 0;
+    for (int x = 0; x < kCopies; ++x) {
+      const int j = first_key(i) + (lane + 32 * x) / (kD / 8);
+      blk[x] = i < my_steps && j < k_end ? __ldg(table + (j >> p.block_shift)) : 0;
     }
     // END SOLUTION
   };
-  // Issue this lane's copies of its step i (K and V of kU keys) into slot i % kStages.
-  auto fetch = [&](int i, const int (&blk)[kU]) {
+  // Issue this lane's copies of its step i into slot i % kStages: K row r at r * kPitch, V
+  // row r at (kStepKeys + r) * kPitch.
+  auto fetch = [&](int i, const int (&blk)[kCopies]) {
     if (i >= my_steps) return;  // the same for the whole warp
-    uint4* slot = ring + (i % kStages) * (kU * 64);
-    // BEGIN SOLUTION: per u: the key's row inside its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end and blocks outside the pool are not read (zeros) and the latter set bad_block
+    __nv_bfloat16* slot = ring + (i % kStages) * Smem<kD>::kSlot;
+    // BEGIN SOLUTION: per x: the row and the piece; the key's row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int j = key_of(i, u);
+    for (int x = 0; x < kCopies; ++x) {
+      const int c = lane + 32 * x, row = c / (kD / 8), piece = c % (kD / 8);
+      const int j = first_key(i) + row;
       const bool wanted = j < k_end;
-      const bool in_pool = static_cast<unsigned>(blk[u]) < static_cast<unsigned>(p.num_blocks);
+      const bool in_pool = static_cast<unsigned>(blk[x]) < static_cast<unsigned>(p.num_blocks);
       bad_block |= wanted && !in_pool;
-      const bool ok = wanted && in_pool && has_chunk;
-      const int64_t at = ok ? (static_cast<int64_t>(blk[u]) * p.block_size +
-                               (j & (p.block_size - 1))) * key_stride + head_off
+      const bool ok = wanted && in_pool && piece < pieces;
+      const int64_t at = ok ? (static_cast<int64_t>(blk[x]) * p.block_size +
+                               (j & (p.block_size - 1))) * key_stride + head_off + piece * 8
                             : 0;
-      copy16(slot + (2 * u) * 32 + lane, p.k + at, ok);
-      copy16(slot + (2 * u + 1) * 32 + lane, p.v + at, ok);
+      copy16(reinterpret_cast<uint4*>(slot + row * kPitch + piece * 8), p.k + at, ok);
+      copy16(reinterpret_cast<uint4*>(slot + (kStepKeys + row) * kPitch + piece * 8), p.v + at, ok);
     }
     // END SOLUTION
   };
 
   // The pipeline: kStages - 1 steps in flight before the first is used; then per step: wait
-  // for its copies, issue the step kStages - 1 ahead (into the slot used one step ago), read
-  // the table for the step after that, and compute.
-  int blk[kU];
+  // for its copies (this lane's, then the warp's), issue the step kStages - 1 ahead (into the
+  // slot used one step ago), read the table for the step after that, and compute.
+  int blk[kCopies];
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
     lookup(i, blk);
@@ -282,91 +337,68 @@ __global__ void __launch_bounds__(kThreads, min_blocks(kG)) paged_attention_kern
   }
   lookup(kStages - 1, blk);
   for (int i = 0; i < my_steps; ++i) {
-    copies_wait<kStages - 2>();  // this lane's copies of step i have landed
+    copies_wait<kStages - 2>();  // this lane's copies of step i have landed ...
+    __syncwarp();                // ... and every lane's: ldmatrix reads them all
     fetch(i + kStages - 1, blk);
     copies_commit();             // one group per step, empty or not: the count stays right
     lookup(i + kStages, blk);    // in flight during the compute; used by the next fetch
-    const uint4* slot = ring + (i % kStages) * (kU * 64);
-    // BEGIN SOLUTION: scores of the kU keys (K pieces from the slot, kG dot products summed over the lane group, -inf past k_end); st[h].rescale; then o += weight * V piece per key and head
-    float s[kG][kU];
+    const __nv_bfloat16* ks = ring + (i % kStages) * Smem<kD>::kSlot;
+    float s[2][4];
+    step_scores<kD>(qf, ks, lane, s);
+    // BEGIN SOLUTION: each score times p.scale_log2, or -inf for keys at or past k_end (key first_key(i) + 8j + 2t + e % 2)
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float kf[8];
-      unpack8(slot[(2 * u) * 32 + lane], kf);
-      const bool live = key_of(i, u) < k_end;
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int h = 0; h < kG; ++h) {
-        float part_dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) part_dot = fmaf(q[h][e], kf[e], part_dot);
-        const float dot = lane_group_sum(part_dot, lanes);
-        s[h][u] = live ? dot : -INFINITY;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < kG; ++h) st[h].rescale<kU>(s[h]);  // s becomes the weights
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float vf[8];
-      unpack8(slot[(2 * u + 1) * 32 + lane], vf);
-#pragma unroll
-      for (int h = 0; h < kG; ++h)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) st[h].o[e] = fmaf(s[h][u], vf[e], st[h].o[e]);
-    }
+      for (int e = 0; e < 4; ++e)
+        s[j][e] = first_key(i) + 8 * j + 2 * t + e % 2 < k_end ? s[j][e] * p.scale_log2 : -INFINITY;
     // END SOLUTION
+    step_softmax<kD, kR>(s, m, l, o);
+    // With one row per lane, rows g + 8 hold no query head: zeros, never -inf or NaN, into P.
+    if (kR == 1) s[0][2] = s[0][3] = s[1][2] = s[1][3] = 0.f;
+    step_values<kD>(s, ks + kStepKeys * kPitch, lane, o);
+    __syncwarp();  // every lane is done reading slot i % kStages before it is refilled
   }
   copies_wait<0>();
 
-  // Lane groups of a warp saw different keys: merge them (partners hold the same piece c).
-  // BEGIN SOLUTION: xor shuffles of m, l and o at offsets lanes, 2 * lanes, ..., 16; st[h].merge
-  for (int delta = lanes; delta < 32; delta *= 2) {
+  // Every warp is done with its ring (the barrier) before the rings become the merge area.
+  bad_block = __syncthreads_or(bad_block);
+  float* s_o = reinterpret_cast<float*>(smem);
+  float* s_m = s_o + kWarps * kRows * kD;
+  float* s_l = s_m + kWarps * kRows;
+  // BEGIN SOLUTION: per row r < kR (head g + 8r): l summed over the row's 4 lanes (shuffles 1 and 2); for heads < n_here, o[i][2r], o[i][2r + 1] to s_o[warp][head][8i + 2t ..], and lane t == 0 writes m and l
 #pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      float o2[8];
+  for (int r = 0; r < kR; ++r) {
+    const int head = g + 8 * r;
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (head < n_here) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o2[e] = __shfl_xor_sync(0xffffffffu, st[h].o[e], delta);
-      const float m2 = __shfl_xor_sync(0xffffffffu, st[h].m, delta);
-      const float l2 = __shfl_xor_sync(0xffffffffu, st[h].l, delta);
-      st[h].merge(m2, l2, o2);
+      for (int i = 0; i < kD / 8; ++i) {
+        float* dst = s_o + (warp * kRows + head) * kD + 8 * i + 2 * t;
+        dst[0] = o[i][2 * r];
+        dst[1] = o[i][2 * r + 1];
+      }
+      if (t == 0) {
+        s_m[warp * kRows + head] = m[r];
+        s_l[warp * kRows + head] = sum;
+      }
     }
   }
   // END SOLUTION
-
-  // Every warp is done with its ring (the barrier) before the rings become the warp-merge
-  // area: o as [kWarps][kG][d] floats, then m and l as [kWarps][kG].
-  bad_block = __syncthreads_or(bad_block);
-  float* s_o = reinterpret_cast<float*>(smem);
-  float* s_m = s_o + kWarps * kG * d;
-  float* s_l = s_m + kWarps * kG;
-  if (key_in_step == 0 && has_chunk) {
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      float4* dst = reinterpret_cast<float4*>(s_o + (warp * kG + h) * d + c * 8);
-      dst[0] = make_float4(st[h].o[0], st[h].o[1], st[h].o[2], st[h].o[3]);
-      dst[1] = make_float4(st[h].o[4], st[h].o[5], st[h].o[6], st[h].o[7]);
-    }
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int h = 0; h < kG; ++h) {
-      s_m[warp * kG + h] = st[h].m;
-      s_l[warp * kG + h] = st[h].l;
-    }
-  }
   __syncthreads();
 
   // One thread per (head, 16-byte piece): merge the warps; then either the final row (one
   // pass) or this partition's partial state (split-K).
-  for (int t = threadIdx.x; t < n_here * chunks; t += blockDim.x) {
-    const int h = t / chunks, cc = t % chunks;
+  for (int x = threadIdx.x; x < n_here * pieces; x += blockDim.x) {
+    const int h = x / pieces, cc = x % pieces;
     Running acc;
     acc.reset();
     for (int w = 0; w < kWarps; ++w) {
-      const float4* src = reinterpret_cast<const float4*>(s_o + (w * kG + h) * d + cc * 8);
+      const float4* src = reinterpret_cast<const float4*>(s_o + (w * kRows + h) * kD + cc * 8);
       const float4 lo = src[0], hi = src[1];
       const float o2[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-      acc.merge(s_m[w * kG + h], s_l[w * kG + h], o2);
+      acc.merge(s_m[w * kRows + h], s_l[w * kRows + h], o2);
     }
     const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
     const int64_t head_row = static_cast<int64_t>(b) * p.n_heads + h0 + h;
@@ -477,36 +509,38 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
   }
 }
 
-template <int kD, int kG>
+template <int kD, int kR>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // BEGIN SOLUTION: grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; dynamic smem = the larger of the rings and the warp-merge area; with partitions > 1 the reduce kernel, one block per (sequence, query head) | return "{todo}";
-  const size_t rings = static_cast<size_t>(kThreads / 32) * kStages * unroll(kG) * 64 * sizeof(uint4);
-  const size_t merge = static_cast<size_t>(kThreads / 32) * kG * (p.head_dim + 2) * sizeof(float);
+  // BEGIN SOLUTION: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) | return "{todo}";
+  constexpr size_t smem = Smem<kD>::kBytes;
+  const cudaError_t opted = cudaFuncSetAttribute(
+      paged_attention_kernel<kD, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(smem));
+  if (opted != cudaSuccess) {
+    cudaGetLastError();  // clear it: the message goes back through the return value
+    return cudaGetErrorString(opted);
+  }
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
-  launch_early(paged_attention_kernel<kD, kG>, grid, kThreads, rings > merge ? rings : merge, stream, p);
+  launch_early(paged_attention_kernel<kD, kR>, grid, kThreads, smem, stream, p);
   if (p.partitions > 1) {
     const ReduceParams r{p.part_o,  p.part_ml,    p.out,        p.context_lens,
                          p.n_heads, p.head_dim, p.partitions, p.partition_keys, p.max_keys};
     const int rows = kReduceThreads / (p.head_dim / 4);
-    const size_t smem = (static_cast<size_t>(p.partitions) + static_cast<size_t>(rows) * p.head_dim) *
-                        sizeof(float);
+    const size_t reduce_smem =
+        (static_cast<size_t>(p.partitions) + static_cast<size_t>(rows) * p.head_dim) * sizeof(float);
     launch_early(paged_attention_reduce_kernel,
                  static_cast<unsigned>(static_cast<int64_t>(batch) * p.n_heads), kReduceThreads,
-                 smem, stream, r);
+                 reduce_smem, stream, r);
   }
   return TVLLM_OK;
   // END SOLUTION
 }
 
+// One or two rows of query heads per lane (at most 8 heads a block, or up to 16).
 template <int kD>
-tvllm_status launch_dim(Params p, int batch, cudaStream_t stream) {
-  const int kg = heads_per_block(p.group);
-  p.head_chunks = static_cast<int>(tvllm_ceil_div(p.group, kg));
-  using Launch = tvllm_status (*)(const Params&, int, cudaStream_t);
-  const Launch by_group[] = {launch<kD, 8>, launch<kD, 1>, launch<kD, 2>, launch<kD, 3>,
-                             launch<kD, 4>};
-  return by_group[kg <= 4 ? kg : 0](p, batch, stream);
+tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
+  return p.group > 8 ? launch<kD, 2>(p, batch, stream) : launch<kD, 1>(p, batch, stream);
 }
 
 }  // namespace
@@ -535,7 +569,7 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
   }
   const int group = n_heads / n_kv_heads;
   const int64_t blocks = static_cast<int64_t>(batch) * n_kv_heads *
-                         tvllm_ceil_div(group, heads_per_block(group));  // the single pass's grid
+                         tvllm_ceil_div(group, kRows);  // the single pass's grid
   const int64_t target = 2 * static_cast<int64_t>(sms);
   // BEGIN SOLUTION: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) | return 0;
   if (split < 0 && blocks >= target) return 0;
@@ -576,7 +610,7 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
     return "split-K needs a workspace and ceil(max_context / partition_keys) partitions, at "
            "most 8192";
   const int group = n_heads / n_kv_heads;
-  if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, heads_per_block(group)) > 65535)
+  if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, kRows) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";
   int shift = 0;
   while ((1 << shift) < block_size) ++shift;
@@ -585,10 +619,11 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
                  static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
                  workspace, part_ml, block_tables, context_lens, q_stride, n_heads, n_kv_heads,
-                 head_dim, group, /*head_chunks=*/1, num_blocks, block_size, shift, max_blocks,
-                 max_keys, partitions, partition_keys, scale * kLog2e};
-  // 64 and 128 have kernels compiled for their size; other multiples of 8 the generic one
-  const auto by_dim = head_dim == 64 ? launch_dim<64> : head_dim == 128 ? launch_dim<128>
-                                                                         : launch_dim<0>;
+                 head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
+                 block_size, shift, max_blocks, max_keys, partitions, partition_keys,
+                 scale * kLog2e};
+  // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,
+  // its dims past head_dim zeros
+  const auto by_dim = head_dim == 64 ? launch_dim<64> : launch_dim<128>;
   return by_dim(p, batch, stream);
 }
