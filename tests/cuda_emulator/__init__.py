@@ -23,12 +23,7 @@ HERE = Path(__file__).resolve().parent
 
 # Helpers written in inline PTX inside a kernel file, and their host bodies.
 BODIES = {
-    "smem_addr": "{ return 0; }",
-    "ldmatrix_x4": "{ emu::ldmatrix_x4(r, p, false); }",
-    "ldmatrix_x4_trans": "{ emu::ldmatrix_x4(r, p, true); }",
-    "mma_bf16": "{ emu::mma(c, a, b0, b1); }",
     "fast_exp2": "{ return exp2f(x); }",
-    "prefetch_share": "{}",
     "cp_async16": "{ if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16); }",
     "cp_async_commit": "{}",
     "cp_async_wait": "{}",
