@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "mma.cuh"
 #include "tvllm.h"
 
@@ -80,20 +81,6 @@ struct Smem {
 
 // ---------------------------------------------------------------- PTX wrappers (given)
 
-// 16 bytes global -> shared without passing through registers; src_bytes = 0 writes zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-               :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
 // 2^x in one instruction (MUFU.EX2); exp2(-inf) = 0.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -116,7 +103,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < len;
     const bf16* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + col : src;
-    cp_async16(dst + r * Smem<kD>::kPitch + col, from, valid);
+    copy16(reinterpret_cast<uint4*>(dst + r * Smem<kD>::kPitch + col), from, valid);
   }
 }
 
@@ -198,8 +185,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
   load_tile<kBlockM, kD>(qs, q, p.q_stride, q0, len_q);
   load_tile<kBlockN, kD>(ks, k, p.k_stride, 0, len);
   load_tile<kBlockN, kD>(vs, v, p.v_stride, 0, len);
-  cp_async_commit();
-  cp_async_wait<0>();
+  copies_commit();
+  copies_wait<0>();
   __syncthreads();
   uint32_t qf[kD / 16][4];
 #pragma unroll
@@ -217,10 +204,10 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
     if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer while tile j computes
       load_tile<kBlockN, kD>(ks + (1 - buf) * Smem<kD>::kTileK, k, p.k_stride, (j + 1) * kBlockN, len);
       load_tile<kBlockN, kD>(vs + (1 - buf) * Smem<kD>::kTileK, v, p.v_stride, (j + 1) * kBlockN, len);
-      cp_async_commit();
-      cp_async_wait<1>();  // everything but the newest group (tile j + 1) has landed
+      copies_commit();
+      copies_wait<1>();  // everything but the newest group (tile j + 1) has landed
     } else {
-      cp_async_wait<0>();
+      copies_wait<0>();
     }
     __syncthreads();  // every thread's share of tile j is in shared memory
 
