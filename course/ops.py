@@ -28,7 +28,6 @@ OPS: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
     "cos_sin_cache": ("05", "rope_tables"),
     "apply_rope_": ("05", "rope"),
     "linear": ("06", "linear"),
-    "plan_prefetch": ("06", "linear"),
     "prefill_attention": [("12", "flash_attention"), ("07", "attention")],
     "silu_mul": ("08", "activation"),
     "argmax": ("08", "argmax"),

@@ -182,8 +182,7 @@ def test_flash_attention_kernel_in_the_emulator(emu_flash, lens_q, lens_k, n_hea
 GEMV_SHIM = CALL + """
 extern "C" const char* emu_gemv(const void* x, const void* w, void* y, int f32, int64_t tokens,
                                 int64_t in_features, int64_t out_features) {
-  EMU_CALL(launch_gemv(x, w, y, f32 != 0, tokens, in_features, out_features, nullptr, 0,
-                       nullptr));
+  EMU_CALL(launch_gemv(x, w, y, f32 != 0, tokens, in_features, out_features, nullptr));
 }
 """
 

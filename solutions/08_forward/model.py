@@ -42,7 +42,6 @@ embedding = ops.get("embedding")
 rmsnorm, fused_add_rmsnorm = ops.get("rmsnorm"), ops.get("fused_add_rmsnorm")
 cos_sin_cache, apply_rope_ = ops.get("cos_sin_cache"), ops.get("apply_rope_")
 linear = ops.get("linear")
-plan_prefetch = ops.get("plan_prefetch")
 silu_mul = ops.get("silu_mul")
 argmax = ops.get("argmax")
 ids_error = parts.load("03", "embedding").out_of_range_error
@@ -106,10 +105,6 @@ class LlamaModel:
         self.cos_sin = cos_sin_cache(config.head_dim, config.rope_theta, config.rope_scaling,
                                      self.max_positions, self.device)   # [P, d] float32
         self.attention = attention or PrefillAttention()
-        if self.device.type == "cuda":
-            # the order a decode step reads the weights in: each GEMV prefetches the next one's
-            plan_prefetch([w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up,
-                                                                 layer.down)] + [self.lm_head])
 
     def _weight(self, weights: dict[str, torch.Tensor], name: str,
                 shape: tuple[int, ...]) -> torch.Tensor:

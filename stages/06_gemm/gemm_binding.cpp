@@ -8,8 +8,7 @@
 
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
                            cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
-                           int64_t tokens, int64_t in_features, int64_t out_features, bool gemv,
-                           const void* next, int64_t prefetch_bytes);
+                           int64_t tokens, int64_t in_features, int64_t out_features, bool gemv);
 
 namespace {
 
@@ -21,10 +20,8 @@ cudaDataType_t cuda_dtype(at::ScalarType t) {
 }
 
 // x: [tokens, in], weight: [out, in] -> out: [tokens, out]; one dtype for all three.
-// gemv: false cuBLAS only, true gemv.cu for 1-8 bf16 tokens (see gemm.cu). prefetch: a
-// contiguous tensor on the same device that the GEMV asks L2 for when it is done.
-void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool gemv,
-            const std::optional<at::Tensor>& prefetch) {
+// gemv: false cuBLAS only, true gemv.cu for 1-8 bf16 tokens (see gemm.cu).
+void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool gemv) {
   const cudaDataType_t dtype = cuda_dtype(x.scalar_type());
   tvllm::check_tensor(x, "x", x.scalar_type(), 2);
   tvllm::check_tensor(weight, "weight", x.scalar_type(), 2);
@@ -37,26 +34,17 @@ void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool
               " features but weight is [out, in] = ", weight.sizes(), " (in must match)");
   TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), "linear: out must be [",
               x.size(0), ", ", weight.size(0), "], got ", out.sizes());
-  const void* next = nullptr;
-  int64_t prefetch_bytes = 0;
-  if (prefetch.has_value()) {
-    TORCH_CHECK(prefetch->is_contiguous(), "linear: prefetch must be contiguous");
-    tvllm::check_same_device(x, *prefetch);
-    next = prefetch->data_ptr();
-    prefetch_bytes = prefetch->nbytes() / 16 * 16;
-  }
   c10::cuda::CUDAGuard guard(x.device());
   // torch binds its handle to the current stream (and its workspace) when handing it out.
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   tvllm::check_launch(launch_linear(handle, tvllm::stream(), dtype, cuda_dtype(out_type), x.data_ptr(),
                                     weight.data_ptr(), out.data_ptr(), x.size(0), x.size(1),
-                                    weight.size(0), gemv, next, prefetch_bytes),
+                                    weight.size(0), gemv),
                       "linear");
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
-  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv, Tensor? prefetch) -> ()",
-        &linear);
+  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv) -> ()", &linear);
 }

@@ -27,12 +27,6 @@
 // previous kernel has finished and its writes are visible; only then are x read and y written
 // (solutions/common/pdl.cuh; the kernels that run before a GEMV in a decode step, RMSNorm and
 // SiLU-mul, call allow_next_kernel_to_start() first thing, so it can start that early).
-//
-// Between two GEMVs of a decode step run small kernels (rope, the cache write, attention,
-// RMSNorm, SiLU-mul) that move almost no bytes: memory idles for microseconds while the next
-// GEMV waits its turn. So a GEMV may be handed the next GEMV's weights (`prefetch`): once a
-// warp has finished its rows it asks L2 to fetch its share of them (cp.async.bulk.prefetch:
-// one instruction per 64 KB, nothing to wait for), and the next GEMV finds them in L2.
 // Reference: linear.py (linear_native). Run: nox -s grade -- 06
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -92,34 +86,12 @@ __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, i
   copies_commit();
 }
 
-// Ask L2 for this warp's share (1 / warps) of `bytes` bytes at `next`: fire and forget, the
-// kernel does not wait for them. bytes and next: multiples of 16. Below sm_90, one 128-byte
-// line per lane and instruction.
-__device__ __forceinline__ void prefetch_share(const char* next, int64_t bytes, int gw, int warps,
-                                               int lane) {
-  const int64_t share = ((bytes + warps - 1) / warps + 127) / 128 * 128;
-  const int64_t begin = gw * share, end = begin + share < bytes ? begin + share : bytes;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane == 0) {
-    for (int64_t at = begin; at < end; at += 65536) {
-      const unsigned n = static_cast<unsigned>(end - at < 65536 ? end - at : 65536);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(next + at), "r"(n) : "memory");
-    }
-  }
-#else
-  for (int64_t at = begin + lane * 128; at < end; at += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(next + at));
-#endif
-}
-
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] of OutT; in % 8 == 0, x and
-// weight 16-byte aligned, tokens <= kTokens. next: prefetch_bytes to ask L2 for at the end
-// (0: none).
+// weight 16-byte aligned, tokens <= kTokens.
 template <int kTokens, typename OutT>
 __global__ void __launch_bounds__(kThreads)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
-            OutT* __restrict__ y, int tokens, int in_features, int out_features,
-            const char* __restrict__ next, int64_t prefetch_bytes) {
+            OutT* __restrict__ y, int tokens, int in_features, int out_features) {
   __shared__ uint4 rings[kWarps][kStages * kUnit];
   allow_next_kernel_to_start();  // the kernel after it may be scheduled (it waits for all of this)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -135,7 +107,6 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
   // TODO stage 06: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per unit i: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces from the slot; at a row's last unit, butterfly sums and lane 0 writes y[t, row], acc back to 0 (about 27 lines)
-  if (prefetch_bytes > 0) prefetch_share(next, prefetch_bytes, gw, warps, lane);
 }
 
 namespace {
@@ -153,26 +124,24 @@ int resident_blocks(Kernel kernel) {
 
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
-                    int in_features, int out_features, const char* next,
-                    int64_t prefetch_bytes, cudaStream_t stream) {
+                    int in_features, int out_features, cudaStream_t stream) {
   // only code built for sm_90 or later has the wait, and TINYVLLM_PDL=0 says no (pdl.cuh)
   static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
-  // TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx (every kernel argument, next and prefetch_bytes too), the PDL attribute when kernel_waits (about 14 lines)
-  return "TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx (every kernel argument, next and prefetch_bytes too), the PDL attribute when kernel_waits (about 14 lines)";
+  // TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when kernel_waits (about 13 lines)
+  return "TODO stage 06: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when kernel_waits (about 13 lines)";
 }
 
 template <typename OutT>
 tvllm_status launch_tokens(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
-                           int tokens, int in_features, int out_features, const char* next,
-                           int64_t prefetch_bytes, cudaStream_t stream) {
+                           int tokens, int in_features, int out_features,
+                           cudaStream_t stream) {
   // The smallest instance that holds `tokens`: acc[] lives in registers, so no larger.
-  const auto by_tokens = tokens == 1   ? launch<1, OutT>
-                         : tokens == 2 ? launch<2, OutT>
-                         : tokens <= 4 ? launch<4, OutT>
-                                       : launch<8, OutT>;
-  return by_tokens(x, weight, y, tokens, in_features, out_features, next, prefetch_bytes, stream);
+  if (tokens == 1) return launch<1>(x, weight, y, tokens, in_features, out_features, stream);
+  if (tokens == 2) return launch<2>(x, weight, y, tokens, in_features, out_features, stream);
+  if (tokens <= 4) return launch<4>(x, weight, y, tokens, in_features, out_features, stream);
+  return launch<8>(x, weight, y, tokens, in_features, out_features, stream);
 }
 
 }  // namespace
@@ -188,23 +157,15 @@ bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_featu
 
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] bf16 (y_f32 false) or float32;
 // gemv_fits must hold. Programmatic dependent launch where the kernel was built for it and
-// TINYVLLM_PDL is not "0" (pdl.cuh's may_launch_early). next: prefetch_bytes (a multiple of
-// 16, 16-byte aligned; 0 for none) that L2 is asked for once the product is done: the weights
-// of the GEMV after this one.
+// TINYVLLM_PDL is not "0" (pdl.cuh's may_launch_early).
 tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
-                         int64_t in_features, int64_t out_features, const void* next,
-                         int64_t prefetch_bytes, cudaStream_t stream) {
+                         int64_t in_features, int64_t out_features, cudaStream_t stream) {
   if (!gemv_fits(true, tokens, in_features, out_features, x, weight))
     return "gemv: needs 1-8 tokens, in_features a multiple of 8 and 16-byte aligned x and weight";
-  if (prefetch_bytes < 0 || prefetch_bytes % 16 != 0 || (prefetch_bytes > 0 && next == nullptr) ||
-      reinterpret_cast<uintptr_t>(next) % 16 != 0)
-    return "gemv: the prefetch must be a 16-byte aligned multiple of 16 bytes";
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  const auto* nb = static_cast<const char*>(next);
-  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, nb, prefetch_bytes, stream)
-               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, nb, prefetch_bytes,
-                               stream);
+  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, stream)
+               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, stream);
 }

@@ -260,25 +260,3 @@ def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph):
                             what=f"GEMV after the kernel that writes x (step {step})",
                             hint="read x (and write y) only after wait_for_previous_kernel(): "
                                  "before it, only the weights are safe to load")
-
-
-@pytest.mark.gpu
-def test_gemv_prefetch_plan_changes_no_result(seed):
-    """plan_prefetch hands each GEMV the next one's weights, which it asks L2 for when done
-    (cp.async.bulk.prefetch). That must never change a result, whatever the plan covers: the
-    whole next weight, part of it or none, in a cycle (the last weight's next is the first)."""
-    gen = checks.generator("cuda", seed)
-    op = linear_op()
-    shapes = [(2048, 3072), (2048, 2048), (2048, 16384), (8192, 2048)]
-    pairs = [make_inputs(gen, 1, i, o) for i, o in shapes]
-    ws = [w for _, w in pairs]
-    for max_bytes in (0, 4096, 16 * 2**20, 2**31):
-        op.plan_prefetch(ws, max_bytes)
-        for x, w in pairs:
-            got = op.linear(x, w)
-            torch.cuda.synchronize()
-            checks.assert_close(got, F.linear(x.float(), w.float()), dtype=torch.bfloat16,
-                                what=f"GEMV {tuple(w.shape)} with a prefetch plan of {max_bytes} "
-                                     "bytes", hint="the prefetch runs after the product and "
-                                     "must not touch y or the accumulators")
-    op.plan_prefetch(ws, 0)
