@@ -24,9 +24,6 @@ HERE = Path(__file__).resolve().parent
 # Helpers written in inline PTX inside a kernel file, and their host bodies.
 BODIES = {
     "fast_exp2": "{ return exp2f(x); }",
-    "cp_async16": "{ if (valid) std::memcpy(dst, src, 16); else std::memset(dst, 0, 16); }",
-    "cp_async_commit": "{}",
-    "cp_async_wait": "{}",
 }
 
 
