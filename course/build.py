@@ -27,7 +27,7 @@ from pathlib import Path
 
 from course.manifest import ROOT
 
-COMMON = ROOT / "solutions" / "common"
+HEADERS = ROOT / "course" / "cuda"
 ARCHS_ENV = "TINYVLLM_CUDA_ARCHS"
 CACHE_ENV = "TINYVLLM_CACHE"
 DEFAULT_ARCHS = ("80", "90")
@@ -137,16 +137,16 @@ def gencode(arch: str) -> str:
 def _compile_command(src: Path, obj: Path, arch_list: list[str]) -> list[str]:
     includes, _ = _torch_paths()
     if src.suffix == ".cu":
-        # Kernels see the toolkit, the cublas headers and solutions/common, never torch.
+        # Kernels see the toolkit, the cublas headers and course/cuda, never torch.
         cmd = [str(cuda_home() / "bin" / "nvcc"), "-c", str(src), "-o", str(obj), "-std=c++17",
                "-O3", "-lineinfo", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-               "-I", str(COMMON), *(f"-I{p}" for p in includes if "torch" not in p.parts)]
+               "-I", str(HEADERS), *(f"-I{p}" for p in includes if "torch" not in p.parts)]
         cmd += [gencode(a) for a in arch_list]
         return cmd
     import torch
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return ["c++", "-c", str(src), "-o", str(obj), "-std=c++20", "-O2", "-fPIC",
-            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", str(COMMON), *(f"-I{p}" for p in includes)]
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-I", str(HEADERS), *(f"-I{p}" for p in includes)]
 
 
 def _digest(*parts: bytes) -> str:
@@ -157,8 +157,8 @@ def _digest(*parts: bytes) -> str:
 
 
 @lru_cache(maxsize=1)
-def _common_bytes() -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(COMMON.glob("*")) if p.is_file())
+def _header_bytes() -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(HEADERS.glob("*")) if p.is_file())
 
 
 def compile_object(src: Path, arch_list: list[str]) -> Path:
@@ -167,7 +167,7 @@ def compile_object(src: Path, arch_list: list[str]) -> Path:
     if not src.is_file():
         raise BuildError(f"{src} is missing: every kernel source of every stage is needed to build")
     probe = _compile_command(src, Path("OBJ"), arch_list)
-    key = _digest(src.read_bytes(), _common_bytes(), " ".join(probe).encode(),
+    key = _digest(src.read_bytes(), _header_bytes(), " ".join(probe).encode(),
                   torch.__version__.encode())
     obj = cache_dir() / "obj" / f"{src.stem}-{key}.o"
     if obj.exists():

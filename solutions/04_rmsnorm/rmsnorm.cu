@@ -60,7 +60,7 @@ rmsnorm_kernel(T* out, T* residual, const T* x, const T* __restrict__ weight, in
   using P = Pack<T, N>;
   // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
   // one may have started before the previous kernel ended: x and residual only after the wait
-  // (solutions/common/pdl.cuh).
+  // (course/cuda/pdl.cuh).
   allow_next_kernel_to_start();
   wait_for_previous_kernel();
   // BEGIN SOLUTION: load (and add) this thread's packs into registers, block_sum the squares, scale, store

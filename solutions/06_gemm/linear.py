@@ -10,7 +10,7 @@ H200 it is only worth it at one: at 4 tokens cuBLAS's small-M kernels took half 
 On an sm_90 GPU the GEMV is launched with programmatic dependent launch (PDL: it may start
 streaming its weights while the previous kernel finishes); the environment variable
 TINYVLLM_PDL=0 turns that off, e.g. to measure what it gains (read in C++ by
-solutions/common/pdl.cuh's may_launch_early, for every kernel launched early).
+course/cuda/pdl.cuh's may_launch_early, for every kernel launched early).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ x,
                                 __nv_bfloat16* __restrict__ out, int64_t rows, int64_t inter) {
   // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
   // one may have started before the previous kernel ended: x only after the wait
-  // (solutions/common/pdl.cuh).
+  // (course/cuda/pdl.cuh).
   allow_next_kernel_to_start();
   wait_for_previous_kernel();
   // BEGIN SOLUTION: find this thread's row and column, load a pack of gate and of up, store

@@ -20,7 +20,7 @@
 // [T, T] score matrix never exists anywhere: a warp's scores live in registers for one tile.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"; the wrappers ldmatrix_x4, ldmatrix_x4_trans,
-// mma_bf16 and pack_bf16 are in solutions/common/mma.cuh, shared with stage 14):
+// mma_bf16 and pack_bf16 are in course/cuda/mma.cuh, shared with stage 14):
 // lane = 4 g + t (g = lane / 4, t = lane % 4).
 //   A (16 x 16, row-major), 4 registers of 2 bf16: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
 //     (g+8, 2t+8..).

@@ -5,7 +5,7 @@
 // 2048 x 2048 projection of Llama-3.2-1B: 1.9 us at the H200's ~4.25 TB/s), nothing else. To
 // stream at that rate, ~64 KB must be requested and not yet delivered per SM at all times
 // (bytes = bandwidth x latency); weights loaded into registers cap that at what the registers
-// hold, so here they go to shared memory with cp.async (solutions/common/cp_async.cuh):
+// hold, so here they go to shared memory with cp.async (course/cuda/cp_async.cuh):
 //
 //     a warp owns rows gw, gw + W, gw + 2W, ... of weight [out, in] (gw: its number in the
 //     grid, W: the warps in the grid, ~16 per SM: a persistent kernel, one wave);
@@ -25,7 +25,7 @@
 // while the previous kernel of the stream is still finishing. Weights do not depend on it, so
 // each lane issues its first units' copies before `griddepcontrol.wait`, which returns once the
 // previous kernel has finished and its writes are visible; only then are x read and y written
-// (solutions/common/pdl.cuh; the kernels that run before a GEMV in a decode step, RMSNorm and
+// (course/cuda/pdl.cuh; the kernels that run before a GEMV in a decode step, RMSNorm and
 // SiLU-mul, call allow_next_kernel_to_start() first thing, so it can start that early).
 // Reference: linear.py (linear_native). Run: nox -s grade -- 06
 #include <cuda_bf16.h>

@@ -64,9 +64,9 @@ def preprocess(src: str) -> str:
 def build(kernel: Path, shim: str, common: Path | None = None) -> ctypes.CDLL:
     """Compile `kernel` (a .cu of solutions/ or a student's stage folder) with `shim` appended
     into a shared library, cached by content under course.build's cache directory; load it.
-    common: the shared headers (default: the course's solutions/common)."""
+    common: the shared headers (default: course/cuda)."""
     from course import build as course_build
-    common = common or course_build.COMMON
+    common = common or course_build.HEADERS
     text = ('#include "emu.h"\n' + preprocess(kernel.read_text()) + "\n" + shim)
     headers = b"".join(p.read_bytes() for p in sorted((HERE / "include").glob("*")))
     headers += b"".join(p.read_bytes() for p in sorted(common.glob("*")))
