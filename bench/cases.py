@@ -353,10 +353,14 @@ def _prefill_case(kernel: str, n_seq: int, S: int, fn: Callable | None, why: str
 
 
 def attention_cases(ops: Ops) -> Iterator[Case]:
+    """The engine's prefill attention (the op table's: stage 12, or stage 07 where stage 12 is
+    not built) beside torch's default SDPA backend (cuDNN on Hopper), called as the engine
+    calls it: with max_seqlen_q, so that nothing reads the offsets back to the host."""
     fn, why = ops.get("prefill_attention")
     via = ops.via("prefill_attention")
     for n_seq, S in ATTENTION_SHAPES:
-        yield _prefill_case("prefill_attention", n_seq, S, fn, why, via, _sdpa_packed)
+        yield _prefill_case("prefill_attention", n_seq, S, fn, why, via, _sdpa_packed,
+                            max_seqlen=True)
 
 
 def _sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_seq: int,
