@@ -35,6 +35,9 @@ extern "C" const char* emu_paged(const void* q, const void* k, const void* v, vo
       q, k, v, out, tables, lens, ws, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
       max_blocks, max_keys, partitions, partition_keys, scale, nullptr));
 }
+extern "C" int emu_partition_keys(int batch, int n_heads, int n_kv, int64_t max_keys, int split) {
+  return paged_attention_partition_keys(batch, n_heads, n_kv, max_keys, split);
+}
 """
 
 FLASH_SHIM = CALL + """
@@ -48,18 +51,19 @@ extern "C" const char* emu_flash(const void* q, const void* k, const void* v, vo
 """
 
 
-def _shim_function(stage: str, filename: str, shim: str, name: str, argtypes: list):
+def _shim_function(stage: str, filename: str, shim: str, name: str, argtypes: list,
+                   restype=ctypes.c_char_p):
     """The shim's extern "C" function `name` of stage `stage`'s kernel file, built for the
     emulator: the reference's, or the student's when TINYVLLM_STUDENT names the stage (the
-    parts resolver; `python3 -m grader emulate NN`). It returns None or the launcher's (or
-    the emulator's) message."""
+    parts resolver; `python3 -m grader emulate NN`). A launch returns None or the launcher's
+    (or the emulator's) message."""
     from tests import cuda_emulator
     try:
         lib = cuda_emulator.build(parts.path(stage, filename), shim)
     except ToolchainMissing as e:
         pytest.skip(f"no CUDA headers to build against: {e}")
     fn = getattr(lib, name)
-    fn.restype, fn.argtypes = ctypes.c_char_p, argtypes
+    fn.restype, fn.argtypes = restype, argtypes
     return fn
 
 
@@ -155,6 +159,35 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
     expected = native(q.contiguous(), k, v, tables, lens_t, scale)
     # P is rounded to bf16 before P V (as on the tensor cores): a bf16 step of O(1) outputs
     torch.testing.assert_close(out[keep].float(), expected[keep].float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.fixture(scope="module")
+def emu_partition_keys():
+    return _shim_function("14", "paged_attention.cu", PAGED_SHIM, "emu_partition_keys",
+                          [ctypes.c_int] * 3 + [ctypes.c_int64, ctypes.c_int], ctypes.c_int)
+
+
+def test_partition_rule_in_the_emulator(emu_partition_keys):
+    """paged_attention_partition_keys on the emulator's 4-SM device (2 blocks per SM: a grid
+    of 8) against the lesson's rule as stage 14's GPU test writes it: batch 1 and 2, groups of
+    4, 12 (one block per KV head) and 24 (two), split decided / forced / refused."""
+    import importlib.util
+    from course import manifest
+    path = manifest.find("14").tests_dir() / "test_paged_attention.py"
+    spec = importlib.util.spec_from_file_location("_stage14_rule", path)
+    stage_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stage_tests)
+    for batch in (1, 2, 8):
+        for n_heads, n_kv in ((32, 8), (12, 1), (24, 1), (4, 1)):
+            for max_keys in (40, 64, 65, 300, 4096, 40000):
+                for split, flag in ((None, -1), (True, 1), (False, 0)):
+                    got = emu_partition_keys(batch, n_heads, n_kv, max_keys, flag)
+                    expected = stage_tests.expected_partition_keys(batch, n_heads, n_kv,
+                                                                   max_keys, 4, split)
+                    assert got == expected, (
+                        f"batch {batch}, {n_heads} / {n_kv} heads, max_keys {max_keys}, "
+                        f"split={split} on 4 SMs: paged_attention_partition_keys gave {got}, "
+                        f"the lesson's rule {expected} (0 = the single pass)")
 
 
 @pytest.fixture(scope="module")

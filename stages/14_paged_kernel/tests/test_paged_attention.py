@@ -28,6 +28,7 @@ HEADS = [(32, 8, 64), (9, 3, 64), (32, 4, 64), (4, 4, 128), (16, 4, 128)]
 LENGTHS = [1, 15, 16, 17, 1000, 4097]
 PARTITION = 512  # keys per split-K partition in paged_attention.cu, at most
 MIN_PARTITION = 64  # ... and at least
+ROWS = 16  # query heads per block: the rows of an mma (a larger group takes several blocks)
 
 
 def paged_op():
@@ -229,10 +230,10 @@ def poison_workspace(pg: Paged, max_context: int | None = None, split: bool | No
 def expected_partition_keys(batch: int, n_heads: int, n_kv: int, max_keys: int, sms: int,
                             split: bool | None = None) -> int:
     """The lesson's rule: keys per split-K partition, 0 for the single pass. The single pass
-    has batch x n_kv x head chunks blocks; below 2 per SM, split into partitions of 512 keys,
-    halved (down to 64) while the grid is still short of 2 blocks per SM."""
+    has batch x n_kv x ceil(group / 16) blocks; below 2 per SM, split into partitions of 512
+    keys, halved (down to 64) while the grid is still short of 2 blocks per SM."""
     group = n_heads // n_kv
-    blocks = batch * n_kv * -(-group // (group if group <= 4 else 8))
+    blocks = batch * n_kv * -(-group // ROWS)
     target = 2 * sms
     if split is False or max_keys <= MIN_PARTITION or (split is None and blocks >= target):
         return 0
@@ -337,19 +338,23 @@ def test_small_partitions(seed, partition, n_heads, n_kv, d):
 @pytest.mark.parametrize("batch,max_context", [(1, 288), (1, 512), (1, 2048), (1, 32768),
                                                (2, 4096), (16, 1024), (32, 2048), (64, 1024),
                                                (256, 512)])
-def test_partition_rule(batch, max_context):
-    """The partition size (Llama-3.2-1B heads: 32 / 8, head_dim 64) follows the lesson's rule
-    on this GPU: the single pass from 2 blocks per SM; below, 512 keys halved while the grid
-    has fewer than 2 blocks per SM, never below 64. A split=True call uses the same sizes."""
+@pytest.mark.parametrize("n_heads,n_kv", [(32, 8), (24, 2), (48, 2)], ids=lambda v: str(v))
+def test_partition_rule(batch, max_context, n_heads, n_kv):
+    """The partition size follows the lesson's rule on this GPU: the single pass from 2
+    blocks per SM; below, 512 keys halved while the grid has fewer than 2 blocks per SM, never
+    below 64. A split=True call uses the same sizes. Heads: Llama-3.2-1B's (group 4), and
+    groups of 12 (one block per KV head) and 24 (two blocks: 16 query heads a block)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     rule = paged_op().partition_keys
+    blocks = batch * n_kv * -(-(n_heads // n_kv) // ROWS)
     for split in (None, True, False):
-        got = rule(batch, 32, 8, max_context, split)
-        expected = expected_partition_keys(batch, 32, 8, max_context, sms, split)
+        got = rule(batch, n_heads, n_kv, max_context, split)
+        expected = expected_partition_keys(batch, n_heads, n_kv, max_context, sms, split)
         assert got == expected, (
-            f"batch {batch}, max_context {max_context}, split={split}, {sms} SMs: "
-            f"paged_attention_partition_keys gave {got}, the rule {expected} (0 = the single "
-            f"pass). The single pass has {batch * 8} blocks (batch x KV heads). The rule: "
+            f"batch {batch}, {n_heads} / {n_kv} heads, max_context {max_context}, "
+            f"split={split}, {sms} SMs: paged_attention_partition_keys gave {got}, the rule "
+            f"{expected} (0 = the single pass). The single pass has {blocks} blocks (batch x KV "
+            "heads x ceil(group / 16)). The rule: "
             "split=False: 0; deciding (split=None) with blocks >= 2 x SMs: 0; otherwise start "
             "at 512 keys and halve while keys > 64 and blocks x ceil(max_context / keys) < 2 x "
             "SMs; one partition holding every key is the single pass: 0")
