@@ -73,7 +73,7 @@ def stages() -> tuple[Stage, ...]:
 
 
 def normalize_id(text: str) -> str:
-    """'7', '07' and '07_attention' all name stage 07."""
+    """'7', '07' and '07_attention' all name stage 07 (find() checks the name)."""
     head = text.strip().split("_", 1)[0]
     return head.zfill(2) if head.isdigit() else text.strip()
 
@@ -81,10 +81,17 @@ def normalize_id(text: str) -> str:
 def find(text: str) -> Stage:
     """The stage named by `text`, or UnknownStage listing the valid ids."""
     wanted = normalize_id(text)
+    valid = ", ".join(f"{s.id} ({s.dir})" for s in stages())
     for stage in stages():
         if stage.id == wanted:
+            # '04_attention' names two stages: grading or resetting 04 (rmsnorm) would be a
+            # silent surprise. A folder name must be the stage's own (a completed '07_attention/'
+            # too).
+            name = text.strip().rstrip("/")
+            if "_" in name and name != stage.dir:
+                raise UnknownStage(f"there is no stage {text!r}: stage {stage.id} is {stage.dir}. "
+                                   f"Valid stages: {valid}")
             return stage
-    valid = ", ".join(f"{s.id} ({s.dir})" for s in stages())
     raise UnknownStage(f"there is no stage {text!r}. Valid stages: {valid}")
 
 

@@ -58,6 +58,8 @@ def grade_main(argv: list[str]) -> int:
     if args.stage in ("all", "next"):
         return course_main(args)
     stage = manifest.find_ready(args.stage)
+    if not args.solution:
+        arguments.student_stage_dir(p, args.student_root, stage.dir)
     if args.bench:
         from grader import bench
         too_old = capability.too_old(stage)

@@ -25,6 +25,30 @@ def existing_dirs(p: argparse.ArgumentParser, **flags: Path | None) -> None:
             p.error(f"--{name.replace('_', '-')} {folder} is not a directory")
 
 
+def student_stage_dir(p: argparse.ArgumentParser, root: Path | None, stage_dir: str) -> None:
+    """--student-root must hold the stage's folder: a root one level off (the folder above
+    stages/) would build nothing and fail every test with a 'missing' file."""
+    if root is None or (root / stage_dir).is_dir():
+        return
+    hint = next((f"; did you mean {d}?" for d in (root / "stages", root.parent)
+                 if (d / stage_dir).is_dir()), "")
+    p.error(f"--student-root {root} has no {stage_dir}/ folder: it names the folder that holds "
+            f"your NN_name/ stage folders (a copy of the course's stages/){hint}")
+
+
+def creatable_dirs(p: argparse.ArgumentParser, **flags: Path | None) -> None:
+    """Each given output folder must be a directory or one that can be made (with its parents):
+    a file in the way would fail only when the results are written, after the whole run."""
+    for name, folder in flags.items():
+        if folder is None:
+            continue
+        path = folder.absolute()
+        existing = next(d for d in (path, *path.parents) if d.exists())
+        if not existing.is_dir():
+            p.error(f"--{name.replace('_', '-')} {folder} cannot be a folder: {existing} is a "
+                    "file")
+
+
 def writable_files(p: argparse.ArgumentParser, **flags: Path | None) -> None:
     """Each given report path must be a file in an existing folder."""
     for name, path in flags.items():

@@ -49,8 +49,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--also", default="75", help="then build for these alone, with the stages that "
                    "claim them (default %(default)s, a T4; --also '' skips)")
     args = p.parse_args(argv)
-    groups = [[build.normalize_arch(a) for a in g.split(",") if a.strip()]
-              for g in (args.archs, args.also)]
+    try:
+        groups = [[build.normalize_arch(a) for a in g.split(",") if a.strip()]
+                  for g in (args.archs, args.also)]
+    except build.BuildError as e:   # a typo: a usage error, before minutes of compiling
+        p.error(str(e).replace(f" ({build.ARCHS_ENV})", ""))
+    if not any(groups):
+        p.error("--archs and --also name no architecture: nothing to compile")
     failed = False
     for arch_list in filter(None, groups):
         for name, sources in variants(arch_list).items():

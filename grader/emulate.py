@@ -42,6 +42,8 @@ def main(argv: list[str]) -> int:
     if stage.id not in TESTS:
         p.error(f"stage {stage.id} has no kernel the emulator runs (stages "
                 f"{', '.join(sorted(TESTS))})")
+    if not args.solution:
+        arguments.student_stage_dir(p, args.student_root, stage.dir)
     student_ids = [] if args.solution else [stage.id]
     result = runner.StageResult(stage, runner.selection_label(student_ids, args.student_root))
     print("\n".join(report.header(stage, result.selection)

@@ -22,7 +22,7 @@ LABELS = {
     "crashed": "CRASHED",
     "not_run": "NOT RUN",
 }
-NOTED = ("todo", "failed", "timeout", "crashed", "not_run")      # first line in the table
+NOTED = ("todo", "failed", "skipped", "timeout", "crashed", "not_run")   # first line in the table
 DETAILED = ("failed", "timeout", "crashed", "not_run")          # full message below it
 
 

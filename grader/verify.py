@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course import build, manifest, parts
-from grader import report, runner
+from grader import arguments, capability, report, runner
 
 
 def environment() -> dict[str, str]:
@@ -223,13 +223,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, help="directory for logs and JSON")
     p.add_argument("--no-bench", action="store_true")
     p.add_argument("--no-skeletons", action="store_true")
-    p.add_argument("--no-compute75", action="store_true",
-                   help="skip the T4 check (the sm_75 stages built as compute_75 PTX)")
-    p.add_argument("--only-compute75", action="store_true", help="run the T4 check alone")
+    t4 = p.add_mutually_exclusive_group()
+    t4.add_argument("--no-compute75", action="store_true",
+                    help="skip the T4 check (the sm_75 stages built as compute_75 PTX)")
+    t4.add_argument("--only-compute75", action="store_true", help="run the T4 check alone")
     p.add_argument("--no-class", action="store_true",
                    help="skip the hostile GPU class (tests/hostile/gpu_class.py, ~3-4 minutes)")
-    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT)
+    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT, metavar="S",
+                   help="seconds one test may run before it is killed (default %(default)s)")
     args = p.parse_args(argv)
+    arguments.positive_seconds(p, timeout=args.timeout)
+    arguments.creatable_dirs(p, out=args.out)
+    if capability.device_capability() is None:
+        # Without a GPU every step would run for minutes and end in a pile of 'not graded'.
+        print("error: `grader verify` is the GPU suite, and torch sees no CUDA device here: "
+              "nothing was checked. Without a GPU: `python3 -m grader NN` grades a stage (its "
+              "GPU tests are not graded), `python3 -m grader emulate NN` runs a kernel on the "
+              "CPU, `python3 -m grader compile-check` builds every kernel.", file=sys.stderr)
+        return 2
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"environment": environment()}

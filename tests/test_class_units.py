@@ -192,3 +192,20 @@ def test_address_space_limit_only_without_a_gpu(monkeypatch):
     monkeypatch.undo()
     assert sandbox.Limits().memory_bytes == (16 << 30 if not list(Path("/dev").glob(
         "nvidia[0-9]*")) else None)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    ([], "holds no student folders: nothing to grade"),
+    (["--stages", ""], "--stages '' names no stage"),
+], ids=["no-students", "no-stages"])
+def test_a_class_with_nothing_to_grade_is_an_error(tmp_path, capsys, argv, needle):
+    """An empty SUBMISSIONS folder (a mistyped path) used to print the sandbox line and exit 0,
+    having graded no one; '--stages ""' graded every stage. Both are usage errors, exit 2,
+    and no progress file is written."""
+    from grader import __main__ as grader_cli
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    assert grader_cli.main(["class", str(subs), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err, err
+    assert not (tmp_path / "subs-progress.jsonl").exists()

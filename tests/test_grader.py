@@ -235,7 +235,17 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
     (["reset", "01", "--student-root", "/nonexistent/stages"], "is not a directory"),
     (["class", ".", "--csv", "/nonexistent/dir/g.csv"], "--csv /nonexistent/dir/g.csv cannot be written"),
     (["class", ".", "--student-timeout", "0"], "--student-timeout must be a positive number"),
-], ids=["timeout", "student-root", "json", "reset-root", "class-csv", "class-timeout"])
+    (["04", "--student-root", str(ROOT)], "has no 04_rmsnorm/ folder"),
+    (["emulate", "04", "--student-root", str(ROOT)], f"did you mean {ROOT / 'stages'}?"),
+    (["04_attention"], "there is no stage '04_attention': stage 04 is 04_rmsnorm"),
+    (["verify", "--out", "README.md"], "--out README.md cannot be a folder"),
+    (["verify", "--timeout", "-1"], "--timeout must be a positive number of seconds"),
+    (["verify", "--no-compute75", "--only-compute75"], "not allowed with"),
+    (["compile-check", "--archs", "abc"], "'abc' is not a CUDA architecture"),
+    (["compile-check", "--archs", "", "--also", ""], "name no architecture"),
+], ids=["timeout", "student-root", "json", "reset-root", "class-csv", "class-timeout",
+        "root-above-stages", "emulate-root-above-stages", "id-and-name-disagree", "verify-out",
+        "verify-timeout", "verify-t4-flags", "compile-check-arch", "compile-check-nothing"])
 def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
     """A usage error at once, exit 2, nothing graded or created (a mistyped reset root used
     to be created and 'reset'; a class's unwritable report path failed after grading all)."""
@@ -243,6 +253,33 @@ def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
     assert r.returncode == 2, f"grader {' '.join(args)}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert message in r.stderr, f"grader {' '.join(args)} said:\n{r.stderr}"
     assert not Path("/nonexistent").exists(), "a refused command must create nothing"
+
+
+def test_verify_without_a_gpu_says_so_and_checks_nothing(monkeypatch, capsys):
+    """`grader verify` is the GPU suite: on a machine without one it used to build, grade every
+    stage and run the benchmarks for many minutes, to end in a pile of 'not graded' problems."""
+    from grader import capability, verify
+    monkeypatch.setattr(capability, "device_capability", lambda: None)
+    monkeypatch.setattr(verify, "environment", lambda: pytest.fail("verify went on without a GPU"))
+    assert verify.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "no CUDA device" in err and "nothing was checked" in err
+
+
+def test_a_skipped_test_says_why_in_the_table():
+    """`grader emulate` on a machine without g++: each check is skipped, and the table must say
+    why (it read 'skipped (counts zero)' and nothing else)."""
+    t = runner.TestResult("tests/test_emulated_kernels.py::test_x[1]", "skipped", "needs g++")
+    assert "needs g++" in report.test_lines(t, 40)[0]
+
+
+def test_a_stage_name_that_is_not_the_stages_own_is_refused():
+    """'04_attention' names two stages: it used to grade (or reset) 04, rmsnorm, unsaid."""
+    with pytest.raises(manifest.UnknownStage, match="stage 04 is 04_rmsnorm"):
+        manifest.find("04_attention")
+    with pytest.raises(manifest.UnknownStage, match="stage 07 is 07_attention"):
+        manifest.find("07_atention")
+    assert manifest.find("07_attention/").id == "07", "a shell-completed folder name is fine"
 
 
 def test_emulate_runs_the_students_kernel_or_the_reference_on_the_cpu():

@@ -69,8 +69,16 @@ def main(argv: list[str]) -> int:
         raise manifest.UnknownStage(f"{args.submissions} is not a directory of submissions")
     subs = args.submissions.resolve()
     args.progress = args.progress or subs.with_name(subs.name + "-progress.jsonl")
-    chosen = ([manifest.find_ready(x) for x in args.stages.split(",")] if args.stages
-              else [s for s in manifest.stages() if s.ready])
+    if args.stages is not None and not args.stages.strip(" ,"):
+        raise manifest.UnknownStage(f"--stages {args.stages!r} names no stage")
+    chosen = (list(dict.fromkeys(manifest.find_ready(x) for x in args.stages.split(",")
+                                 if x.strip()))
+              if args.stages is not None else [s for s in manifest.stages() if s.ready])
+    students = submission.students(args.submissions)
+    if not students:   # a mistyped or one-level-off path: nothing graded must not read as done
+        raise manifest.UnknownStage(f"{args.submissions} holds no student folders: nothing to "
+                                    "grade (SUBMISSIONS is the folder that holds one folder per "
+                                    "student)")
     print(f"sandbox: {sandbox.mode()}")
     cases = {}
     for stage in chosen:
@@ -87,7 +95,6 @@ def main(argv: list[str]) -> int:
                               hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
     args.progress.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-    students = submission.students(args.submissions)
     guarded = fingerprint(chosen, args.extra_tests)
     with tempfile.TemporaryDirectory(prefix="tinyvllm-class-") as work:
         os.chmod(work, 0o755)
