@@ -469,3 +469,24 @@ def test_the_emulator_shuffles_and_reports_a_deadlock(tmp_path):
     torch.testing.assert_close(out, expected)
     error = fn(x.data_ptr(), out.data_ptr(), 1)
     assert error is not None and b"deadlock" in error, f"a divergent shuffle gave {error!r}"
+
+
+def test_a_compile_error_names_the_kernel_file_and_its_line(tmp_path):
+    """`grader emulate NN` on a kernel with a typo: g++'s message must point at the student's
+    file and line, not at line N+1 of a generated copy in the build cache. Stage 12's file has
+    an inline-PTX helper whose body the emulator replaces (by one line) and a launch it
+    rewrites: the line numbers after them must hold too."""
+    from course import manifest
+    text = (manifest.find("12").solution_dir() / "flash_attention.cu").read_text()
+    kernel = tmp_path / "12_online_softmax" / "flash_attention.cu"
+    kernel.parent.mkdir()
+    kernel.write_text(text + "this is not C++;\n")
+    line = text.count("\n") + 1
+    from tests import cuda_emulator
+    with pytest.raises(RuntimeError) as e:
+        try:
+            cuda_emulator.build(kernel, FLASH_SHIM)
+        except ToolchainMissing as missing:
+            pytest.skip(f"no CUDA headers to build against: {missing}")
+    assert f"{kernel}:{line}:" in str(e.value), \
+        f"the error should name {kernel}:{line}:\n{str(e.value)[-1500:]}"

@@ -38,7 +38,8 @@ def _replace_body(src: str, name: str, body: str) -> str:
         if depth == 0:
             break
         end += 1
-    return src[:start] + body + src[end + 1:]
+    # the lines it spanned stay (blank), so that compiler messages keep the file's line numbers
+    return src[:start] + body + "\n" * src[start:end + 1].count("\n") + src[end + 1:]
 
 
 def preprocess(src: str) -> str:
@@ -67,7 +68,11 @@ def build(kernel: Path, shim: str, common: Path | None = None) -> ctypes.CDLL:
     common: the shared headers (default: course/cuda)."""
     from course import build as course_build
     common = common or course_build.HEADERS
-    text = ('#include "emu.h"\n' + preprocess(kernel.read_text()) + "\n" + shim)
+    # #line: g++'s errors name the kernel file and its own line numbers (preprocess keeps
+    # them), not the generated file in the cache; then the shim's, under their own name.
+    name = str(kernel).replace("\\", "\\\\").replace('"', '\\"')
+    text = (f'#include "emu.h"\n#line 1 "{name}"\n' + preprocess(kernel.read_text())
+            + '\n#line 1 "emulator shim"\n' + shim)
     headers = b"".join(p.read_bytes() for p in sorted((HERE / "include").glob("*")))
     headers += b"".join(p.read_bytes() for p in sorted(common.glob("*")))
     key = hashlib.sha256(text.encode() + headers).hexdigest()[:20]
