@@ -89,6 +89,21 @@ def test_bad_config(capsys, tmp_path, tiny_dir):
     assert_one_line_error(code, err, "config.json: a value has the wrong type")
 
 
+@pytest.mark.parametrize("change,needle", [
+    ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads=0"),
+    ({"max_position_embeddings": -5}, "max_position_embeddings=-5"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps=nan"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta=-1.0"),
+], ids=["zero-heads", "negative-positions", "nan-eps", "negative-theta"])
+def test_impossible_config_numbers(capsys, tmp_path, tiny_dir, change, needle):
+    """Zero heads divided by zero in parse_config (a traceback); a negative context failed later
+    without naming config.json; a NaN rms_norm_eps or a negative rope_theta loaded and answered
+    noise with exit status 0. Each must be one line naming the file and the key."""
+    d = copy_model(tiny_dir, tmp_path / "m", change)
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json", needle)
+
+
 def test_malformed_checkpoint(capsys, tmp_path, tiny_dir):
     d = copy_model(tiny_dir, tmp_path / "m")
     (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header")

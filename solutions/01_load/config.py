@@ -17,6 +17,7 @@ Graded by stages/01_load/tests/test_config.py (`nox -s grade -- 01`).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,10 +149,30 @@ def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
     # END SOLUTION
 
 
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+         "num_attention_heads", "head_dim", "max_position_embeddings")
+
+
+def checked_parse(raw: dict, where: str) -> ModelConfig:
+    """parse_config, with the numbers it takes on trust checked around it: a size of 0 would
+    divide by zero in it (or allocate nothing and fail far away), and a NaN rms_norm_eps or a
+    negative rope_theta would load fine and make every reply noise."""
+    bad = [f"{k}={raw[k]}" for k in SIZES if raw.get(k) is not None and int(raw[k]) <= 0]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)}: sizes must be positive integers")
+    config = parse_config(raw, where)
+    if not 0 <= config.rms_norm_eps < math.inf:    # False for NaN
+        raise ConfigError(f"{where}: rms_norm_eps={config.rms_norm_eps} must be a finite "
+                          "number >= 0")
+    if not 0 < config.rope_theta < math.inf:
+        raise ConfigError(f"{where}: rope_theta={config.rope_theta} must be a finite number > 0")
+    return config
+
+
 def load_config(source: str | os.PathLike | dict) -> ModelConfig:
     """A ModelConfig from a model directory, a config.json path, or an already-parsed dict."""
     if isinstance(source, dict):
-        return parse_config(source)
+        return checked_parse(source, "<dict>")
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
@@ -164,7 +185,7 @@ def load_config(source: str | os.PathLike | dict) -> ModelConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     try:
-        return parse_config(raw, str(path))
+        return checked_parse(raw, str(path))
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
