@@ -30,10 +30,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from bench.timing import report_no_cuda
+from grader import arguments
 
 DEVICE = "cuda"     # a module global only so that a CPU dry run of the plumbing can patch it
 PROMPT_TOKENS = 128
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer runs per measurement")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and prompt")
     args = parser.parse_args(argv)
+    arguments.writable_files(parser, json=Path(args.json) if args.json else None)
     if not torch.cuda.is_available():
         return report_no_cuda("bench.engine", args.json, "results")
 

@@ -34,6 +34,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ import torch
 from bench.cases import FAMILIES, Case, Ops, Outputs
 from bench.timing import (COPY_BYTES, DEVICE, FLUSHES, Timer, Timing, copy_bandwidth,
                           report_no_cuda)
+from grader import arguments
 
 # ------------------------------------------------------------------------------ correctness
 
@@ -346,15 +348,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="empty the L2 before each run by reading (default) or writing "
                              "twice its size (the method before the fifth session)")
     args = parser.parse_args(argv)
-
-    if not torch.cuda.is_available():
-        return report_no_cuda("bench.kernels", args.json, "rows")
+    # Usage errors first, also on a machine without a GPU (and before minutes of timing on one,
+    # whose JSON would then be lost).
+    arguments.writable_files(parser, json=Path(args.json) if args.json else None)
     families = list(FAMILIES)
-    if args.only:
+    if args.only is not None:
         families = [f.strip() for f in args.only.split(",") if f.strip()]
         unknown = [f for f in families if f not in FAMILIES]
-        if unknown:
-            parser.error(f"unknown --only name(s) {unknown}; choose from {list(FAMILIES)}")
+        if unknown or not families:
+            parser.error(f"unknown --only name(s) {unknown}; choose from {list(FAMILIES)}"
+                         if unknown else f"--only names no kernel; choose from {list(FAMILIES)}")
+    if not torch.cuda.is_available():
+        return report_no_cuda("bench.kernels", args.json, "rows")
 
     started = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False

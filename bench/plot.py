@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from bench import results
+from grader import arguments
 
 
 def sweep_series(doc: dict) -> dict | None:
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", metavar="DIR", help="where the PNGs go (default: the first "
                                                 "file's folder)")
     args = p.parse_args(argv)
+    arguments.creatable_dirs(p, out=Path(args.out) if args.out else None)
     try:
         docs = [results.read(f) for f in args.files]
     except (OSError, ValueError) as e:

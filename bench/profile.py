@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,7 @@ from bench import floor as floor_mod
 from bench import report
 from bench.engine import SHAPES, build_models
 from bench.timing import Timer, copy_bandwidth, report_no_cuda
+from grader import arguments
 
 
 def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
@@ -138,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
+    arguments.writable_files(p, json=Path(args.json) if args.json else None)
+    if min(args.batch) < 1 or args.context < 1:
+        p.error(f"--batch and --context must be at least 1, got --batch "
+                f"{' '.join(map(str, args.batch))} --context {args.context}")
     if not torch.cuda.is_available():
         return report_no_cuda("bench.profile", args.json, "results")
     _, model, _ = build_models(SHAPES["Llama-3.2-1B"], seed=0, max_positions=args.context + 64)

@@ -225,8 +225,15 @@ def write(path: str | Path, doc: dict) -> Path:
 
 
 def read(path: str | Path) -> dict:
-    """A result document from path; ValueError (saying what) if it is not one."""
-    doc = json.loads(Path(path).read_text())
+    """A result document from path; ValueError (saying what, and naming the file) if it is not
+    one; OSError (naming it) if it cannot be read."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}), so not the "
+                         "JSON of a run") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e}), so not the JSON of a run") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a result document is a JSON object, not {type(doc).__name__}")
     bad = problems(doc)

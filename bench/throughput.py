@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,7 @@ from bench import workloads
 from bench.engine import SHAPES, build_models
 from bench.ours import new_engine, release, run_ours
 from bench.timing import report_no_cuda
+from grader import arguments
 
 NUM_REQUESTS = workloads.OFFLINE_REQUESTS
 LENGTHS = workloads.OFFLINE_LENGTHS
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="64 requests instead of 256")
     p.add_argument("--skip-hf", action="store_true", help="measure this engine only")
     args = p.parse_args(argv)
+    arguments.writable_files(p, json=Path(args.json) if args.json else None)
     if not torch.cuda.is_available():
         return report_no_cuda("bench.throughput", args.json, "results")
     import transformers

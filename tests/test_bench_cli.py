@@ -59,6 +59,44 @@ def test_bad_flags_are_usage_errors_without_a_gpu(tmp_path, capsys):
     assert args.budget == 0 and args.json == str(tmp_path / "new" / "dir" / "bench.json")
 
 
+@pytest.mark.parametrize("module,argv,needle", [
+    ("kernels", ["--json", "{tmp}/nope/k.json"], "--json {tmp}/nope/k.json cannot be written"),
+    ("kernels", ["--json", "{tmp}"], "it is a directory"),
+    ("kernels", ["--only", "rmsnrom"], "unknown --only name(s) ['rmsnrom']"),
+    ("kernels", ["--only", ""], "--only names no kernel"),
+    ("engine", ["--json", "{tmp}/nope/e.json"], "cannot be written"),
+    ("throughput", ["--json", "{tmp}/nope/t.json"], "cannot be written"),
+    ("profile", ["--json", "{tmp}/nope/p.json"], "cannot be written"),
+    ("profile", ["--batch", "0"], "--batch and --context must be at least 1"),
+    ("plot", ["x.json", "--out", "{tmp}/file"], "--out {tmp}/file cannot be a folder"),
+], ids=["kernels-json-folder", "kernels-json-dir", "kernels-only", "kernels-only-empty",
+        "engine-json", "throughput-json", "profile-json", "profile-batch", "plot-out"])
+def test_the_other_bench_commands_refuse_bad_flags_on_any_machine(tmp_path, capsys, module,
+                                                                   argv, needle):
+    """Checked before the GPU check, as `python3 -m bench` does: without a GPU a bad --json
+    path was a traceback after 'nothing was measured' (on a GPU: the JSON of minutes of timing
+    lost at the end), a mistyped --only name read 'nothing was measured', exit 0, and
+    bench.plot's --out on a file was a traceback."""
+    import importlib
+    (tmp_path / "file").write_text("")
+    main = importlib.import_module(f"bench.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_plot_names_a_file_that_is_not_json(tmp_path, capsys):
+    """With several files, 'Expecting value: line 1 column 1' did not say which one."""
+    from bench import plot
+    (tmp_path / "bad.json").write_text("{bad")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe")
+    for name in ("bad.json", "bin.json"):
+        assert plot.main([str(tmp_path / name)]) == 1
+        out = capsys.readouterr().out
+        assert f"{tmp_path / name}: not " in out, out
+
+
 class FakeModel:
     """Records generate() calls; the static cache raises, as a failed compile would."""
     device = torch.device("cpu")
