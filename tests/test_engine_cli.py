@@ -140,8 +140,8 @@ def test_model_path_is_a_file(capsys, tmp_path):
 
 
 def test_empty_or_unreadable_prompts_file(capsys, tmp_path, monkeypatch):
-    """No prompt at all, or not UTF-8: one line naming the file, before the model loads (the
-    model directory here does not even exist)."""
+    """No prompt at all, not UTF-8, no such file or a folder: one line naming the file, before
+    the model loads (the model directory here does not even exist)."""
     nope = str(tmp_path / "no-model")
     (tmp_path / "blank.txt").write_text("\n  \n")
     code, out, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path / "blank.txt"))
@@ -153,6 +153,10 @@ def test_empty_or_unreadable_prompts_file(capsys, tmp_path, monkeypatch):
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
     code, _, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path / "latin1.txt"))
     assert_one_line_error(code, err, "latin1.txt", "UTF-8")
+    code, _, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path / "missing.txt"))
+    assert_one_line_error(code, err, "--prompts", "missing.txt: No such file")
+    code, _, err = run_main(capsys, "--model", nope, "--prompts", str(tmp_path))
+    assert_one_line_error(code, err, "--prompts", "Is a directory")
 
 
 def test_bad_jsonl_lines_are_reported_in_place(capsys, tmp_path, tiny_dir):

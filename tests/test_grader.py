@@ -237,6 +237,7 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
     (["class", ".", "--student-timeout", "0"], "--student-timeout must be a positive number"),
     (["04", "--student-root", str(ROOT)], "has no 04_rmsnorm/ folder"),
     (["emulate", "04", "--student-root", str(ROOT)], f"did you mean {ROOT / 'stages'}?"),
+    (["next", "--student-root", str(ROOT)], "has no 01_load/ folder"),
     (["04_attention"], "there is no stage '04_attention': stage 04 is 04_rmsnorm"),
     (["verify", "--out", "README.md"], "--out README.md cannot be a folder"),
     (["verify", "--timeout", "-1"], "--timeout must be a positive number of seconds"),
@@ -244,7 +245,8 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
     (["compile-check", "--archs", "abc"], "'abc' is not a CUDA architecture"),
     (["compile-check", "--archs", "", "--also", ""], "name no architecture"),
 ], ids=["timeout", "student-root", "json", "reset-root", "class-csv", "class-timeout",
-        "root-above-stages", "emulate-root-above-stages", "id-and-name-disagree", "verify-out",
+        "root-above-stages", "emulate-root-above-stages", "next-root-above-stages",
+        "id-and-name-disagree", "verify-out",
         "verify-timeout", "verify-t4-flags", "compile-check-arch", "compile-check-nothing"])
 def test_bad_arguments_are_refused_before_any_grading(tmp_path, args, message):
     """A usage error at once, exit 2, nothing graded or created (a mistyped reset root used

@@ -78,6 +78,8 @@ def read_prompts(path: str) -> list[tuple[str, dict] | ValueError]:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:   # missing, a folder, unreadable: the flag and the reason, one line
+        raise ValueError(f"--prompts {name}: {e.strerror or e}") from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         # Checked before the model loads: an empty file is a mistake, not zero answers.
