@@ -202,11 +202,11 @@ def markdown(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write every number to FILE")
     parser.add_argument("--quick", action="store_true", help="fewer runs per measurement")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and prompt")
     args = parser.parse_args(argv)
-    arguments.writable_files(parser, json=Path(args.json) if args.json else None)
+    arguments.writable_files(parser, json=args.json)
     if not torch.cuda.is_available():
         return report_no_cuda("bench.engine", args.json, "results")
 

@@ -339,7 +339,7 @@ def table_dict(rows: list[Row], fatal: str | None, ops: Ops, timer: Timer, copy_
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m bench.kernels", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="FILE", help="write every number to FILE")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write every number to FILE")
     parser.add_argument("--quick", action="store_true", help="fewer runs per measurement")
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated subset of: {', '.join(FAMILIES)}")
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Usage errors first, also on a machine without a GPU (and before minutes of timing on one,
     # whose JSON would then be lost).
-    arguments.writable_files(parser, json=Path(args.json) if args.json else None)
+    arguments.writable_files(parser, json=args.json)
     families = list(FAMILIES)
     if args.only is not None:
         families = [f.strip() for f in args.only.split(",") if f.strip()]

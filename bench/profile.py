@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 256])
     p.add_argument("--context", type=int, default=512)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", type=Path, metavar="FILE")
     args = p.parse_args(argv)
-    arguments.writable_files(p, json=Path(args.json) if args.json else None)
+    arguments.writable_files(p, json=args.json)
     if min(args.batch) < 1 or args.context < 1:
         p.error(f"--batch and --context must be at least 1, got --batch "
                 f"{' '.join(map(str, args.batch))} --context {args.context}")

@@ -53,11 +53,11 @@ def run_hf(hf, requests) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench.throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--json", type=Path, metavar="FILE")
     p.add_argument("--quick", action="store_true", help="64 requests instead of 256")
     p.add_argument("--skip-hf", action="store_true", help="measure this engine only")
     args = p.parse_args(argv)
-    arguments.writable_files(p, json=Path(args.json) if args.json else None)
+    arguments.writable_files(p, json=args.json)
     if not torch.cuda.is_available():
         return report_no_cuda("bench.throughput", args.json, "results")
     import transformers

@@ -24,6 +24,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ COPY_BYTES = 2**30
 FLUSHES = ("read", "write")   # how Timer empties the L2 before each run (see above)
 
 
-def report_no_cuda(module: str, json_path: str | None, rows_key: str) -> int:
+def report_no_cuda(module: str, json_path: str | Path | None, rows_key: str) -> int:
     """Say that nothing was measured (and write that to json_path); return the exit status, 0."""
     reason = f"{module}: no CUDA device here; nothing was measured (run it on a GPU machine)."
     print(reason)

@@ -81,7 +81,6 @@ def normalize_id(text: str) -> str:
 def find(text: str) -> Stage:
     """The stage named by `text`, or UnknownStage listing the valid ids."""
     wanted = normalize_id(text)
-    valid = ", ".join(f"{s.id} ({s.dir})" for s in stages())
     for stage in stages():
         if stage.id == wanted:
             # '04_attention' names two stages: grading or resetting 04 (rmsnorm) would be a
@@ -90,9 +89,13 @@ def find(text: str) -> Stage:
             name = text.strip().rstrip("/")
             if "_" in name and name != stage.dir:
                 raise UnknownStage(f"there is no stage {text!r}: stage {stage.id} is {stage.dir}. "
-                                   f"Valid stages: {valid}")
+                                   f"Valid stages: {_valid_ids()}")
             return stage
-    raise UnknownStage(f"there is no stage {text!r}. Valid stages: {valid}")
+    raise UnknownStage(f"there is no stage {text!r}. Valid stages: {_valid_ids()}")
+
+
+def _valid_ids() -> str:
+    return ", ".join(f"{s.id} ({s.dir})" for s in stages())
 
 
 def find_ready(text: str) -> Stage:

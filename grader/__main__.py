@@ -33,8 +33,7 @@ def _grade_args(p: argparse.ArgumentParser) -> None:
                    help="instructor's hidden tests: DIR/NN_name/ (or DIR/NN/) is added to stage NN")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
-    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT, metavar="S",
-                   help="seconds one test may run before it is killed (default %(default)s)")
+    arguments.add_test_timeout(p, runner.DEFAULT_TEST_TIMEOUT)
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
 
 
@@ -47,8 +46,7 @@ def grade_main(argv: list[str]) -> int:
     mode.add_argument("--cumulative", action="store_true",
                       help="use your parts of stages 01..NN, not only NN")
     mode.add_argument("--solution", action="store_true", help="grade the reference solution")
-    p.add_argument("--student-root", type=Path, metavar="DIR",
-                   help="directory holding your NN_name/ stage folders (default: stages/)")
+    arguments.add_student_root(p)
     p.add_argument("--bench", action="store_true",
                    help="not graded: time your kernels of the stage beside the reference's and "
                         "torch's (GB/s or TFLOP/s, share of a same-bytes copy); needs a GPU")

@@ -9,6 +9,18 @@ import os
 from pathlib import Path
 
 
+def add_student_root(p: argparse.ArgumentParser) -> None:
+    """--student-root, as every command that reads a student's stage folders takes it."""
+    p.add_argument("--student-root", type=Path, metavar="DIR",
+                   help="directory holding your NN_name/ stage folders (default: stages/)")
+
+
+def add_test_timeout(p: argparse.ArgumentParser, default: float) -> None:
+    """--timeout, the seconds one test may run (check it with positive_seconds)."""
+    p.add_argument("--timeout", type=float, default=default, metavar="S",
+                   help="seconds one test may run before it is killed (default %(default)s)")
+
+
 def positive_seconds(p: argparse.ArgumentParser, **flags: float) -> None:
     """Each flag's value must be a finite number of seconds above 0 (flag names as keywords:
     student_timeout=... stands for --student-timeout)."""

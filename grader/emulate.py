@@ -11,7 +11,6 @@ crashes the emulator costs its own test only.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from course import manifest
 from grader import arguments, report, runner
@@ -31,10 +30,8 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", help="stage id, e.g. 14")
     p.add_argument("--solution", action="store_true", help="the reference kernel instead of yours")
-    p.add_argument("--student-root", type=Path, metavar="DIR",
-                   help="directory holding your NN_name/ stage folders (default: stages/)")
-    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT, metavar="S",
-                   help="seconds one test may run before it is killed (default %(default)s)")
+    arguments.add_student_root(p)
+    arguments.add_test_timeout(p, runner.DEFAULT_TEST_TIMEOUT)
     args = p.parse_args(argv)
     arguments.positive_seconds(p, timeout=args.timeout)
     arguments.existing_dirs(p, student_root=args.student_root)

@@ -50,8 +50,7 @@ def main(argv: list[str]) -> int:
                                 description="Restore a stage's skeleton parts; your files are "
                                             "first copied to a timestamped folder in backups/.")
     p.add_argument("stage", help="stage id, e.g. 07")
-    p.add_argument("--student-root", type=Path, metavar="DIR",
-                   help="directory holding your NN_name/ stage folders (default: stages/)")
+    arguments.add_student_root(p)
     args = p.parse_args(argv)
     # a mistyped folder would be created and "reset", and the real one left as it was
     arguments.existing_dirs(p, student_root=args.student_root)

@@ -229,8 +229,7 @@ def main(argv: list[str]) -> int:
     t4.add_argument("--only-compute75", action="store_true", help="run the T4 check alone")
     p.add_argument("--no-class", action="store_true",
                    help="skip the hostile GPU class (tests/hostile/gpu_class.py, ~3-4 minutes)")
-    p.add_argument("--timeout", type=float, default=runner.DEFAULT_TEST_TIMEOUT, metavar="S",
-                   help="seconds one test may run before it is killed (default %(default)s)")
+    arguments.add_test_timeout(p, runner.DEFAULT_TEST_TIMEOUT)
     args = p.parse_args(argv)
     arguments.positive_seconds(p, timeout=args.timeout)
     arguments.creatable_dirs(p, out=args.out)
