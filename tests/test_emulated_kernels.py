@@ -198,9 +198,12 @@ def emu_flash():
 
 
 @pytest.mark.parametrize("lens_q,lens_k,n_heads,n_kv,d", [
-    ([5, 70], [5, 70], 4, 2, 64), ([3, 20], [40, 20], 2, 1, 128), ([130], [130], 2, 2, 64)],
-    ids=["packed", "more-keys-than-queries", "two-tiles"])
+    ([5, 70], [5, 70], 4, 2, 64), ([3, 20], [40, 20], 2, 1, 128), ([130], [130], 2, 2, 64),
+    ([1030, 3], [1030, 3], 1, 1, 64)],
+    ids=["packed", "more-keys-than-queries", "two-tiles", "128-row-tiles"])
 def test_flash_attention_kernel_in_the_emulator(emu_flash, lens_q, lens_k, n_heads, n_kv, d):
+    """Sequences of at most 1024 queries run in 64-row tiles, longer ones in 128-row tiles
+    (the last case)."""
     q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + len(lens_q))
     out = torch.zeros_like(q)
     error = emu_flash(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_q.data_ptr(),
@@ -226,12 +229,14 @@ def emu_gemv():
                           [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 3)
 
 
-# (in, out, tokens, float32 out): one 2048-column unit per row, rows of several units (8192)
-# and of a partly empty one (4104), rows shorter than a unit, fewer rows than warps, and more
-# rows than the emulated device's 64 warps (each warp loops over its rows).
+# (in, out, tokens, float32 out): one 2048-column unit per row; rows of 4 units (8192: a
+# group of 4 warps per row), of 2 (4096: groups of 2, whose rows per group differ inside a
+# block), of 8 (two units per warp of a group of 4) and of 3 with a partly empty one (4104:
+# one warp per row); rows shorter than a unit, fewer rows than warps, and more rows than the
+# emulated device's 64 warps (each warp, or group, loops over its rows).
 @pytest.mark.parametrize("in_features,out_features,tokens,f32", [
-    (2048, 96, 1, False), (8192, 70, 2, False), (4104, 37, 3, False), (576, 150, 8, False),
-    (72, 13, 5, False), (2048, 200, 1, True)])
+    (2048, 96, 1, False), (8192, 70, 2, False), (4096, 45, 1, False), (16384, 9, 4, True),
+    (4104, 37, 3, False), (576, 150, 8, False), (72, 13, 5, False), (2048, 200, 1, True)])
 def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens, f32):
     g = torch.Generator().manual_seed(in_features + out_features + tokens)
     x = torch.randn(tokens, in_features, generator=g).bfloat16()

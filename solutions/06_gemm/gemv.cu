@@ -7,19 +7,23 @@
 // (bytes = bandwidth x latency); weights loaded into registers cap that at what the registers
 // hold, so here they go to shared memory with cp.async (course/cuda/cp_async.cuh):
 //
-//     a warp owns rows gw, gw + W, gw + 2W, ... of weight [out, in] (gw: its number in the
-//     grid, W: the warps in the grid, ~16 per SM: a persistent kernel, one wave);
 //     a row is cut into units of 2048 columns (4 KB: 8 pieces of 16 bytes per lane);
+//     a row of one unit belongs to one warp; the units of a longer row are shared by the
+//     2 or 4 warps of a group in one block (8192 columns: 4 warps, one unit each), so that
+//     the grid reads neighbouring memory at any moment (see Plan);
+//     the warps (or groups) of the grid take rows in turn: ~16 warps per SM, one wave, a
+//     persistent kernel;
 //     each lane keeps its copies of the next kStages - 1 units in flight in a ring of
 //     kStages slots while it computes with the current one (4 warps x 2 x 4 KB per block);
 //     per unit, each piece times the same 8 columns of every token's x (tiny: it stays in
-//     L1) into one float32 sum per token; at a row's last unit the 32 lanes add their sums
-//     with shuffles and lane 0 writes y[t, row] for every token t.
+//     L1) into one float32 sum per token; at the warp's last unit of a row the 32 lanes add
+//     their sums with shuffles; lane 0 writes y[t, row] for every token t, or, in a group,
+//     the warps' sums meet in shared memory and the group's first warp adds and writes them.
 //
 // Each weight byte is read once, by one lane; a lane reads back only the slots it filled, so
-// no barrier is needed. float32 accumulation, one rounding at the end, like cuBLAS with
-// CUBLAS_COMPUTE_32F: the result equals linear_native within the bf16 tolerance. bf16 in;
-// bf16 or float32 out (the logits).
+// the ring needs no barrier (a group's sums do: one __syncthreads per row). float32
+// accumulation, one rounding at the end, like cuBLAS with CUBLAS_COMPUTE_32F: the result
+// equals linear_native within the bf16 tolerance. bf16 in; bf16 or float32 out (the logits).
 //
 // On an sm_90 GPU the launch may use programmatic dependent launch (PDL): the kernel may start
 // while the previous kernel of the stream is still finishing. Weights do not depend on it, so
@@ -43,8 +47,12 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kPieces = 8;            // 16-byte pieces per lane per unit
 constexpr int kUnit = 32 * kPieces;   // pieces per unit: 256 (2048 columns, 4 KB)
 constexpr int kStages = 3;            // ring slots per warp: 2 units in flight, 1 in use
-// The ring: kWarps x kStages x 4 KB = 48 KB, the most a block may take without opting in; an
-// H200 SM holds four such blocks (16 warps, 128 KB in flight), a T4's one.
+// The rings: kWarps x kStages x 4 KB = 48 KB a block; an H200 SM holds four such blocks (16
+// warps, 128 KB in flight), a T4's one. After them, the partial sums of shared rows.
+constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
+
+template <int kTokens>
+constexpr size_t smem_bytes() { return kRingBytes + 2 * kWarps * kTokens * sizeof(float); }
 
 using BF8 = Pack<__nv_bfloat16, 8>;
 
@@ -71,22 +79,49 @@ __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
   // END SOLUTION
 }
 
+// Who reads which unit. A row has `per_row` units (ceil(in / 2048)); a group of `group`
+// consecutive warps of one block shares each row -- 4, 2 or 1 warps, the most that divides
+// per_row -- member m taking the row's units m, m + group, m + 2 group, ... (per_warp of
+// them); group gid of the grid's `groups` takes rows gid, gid + groups, ... So the warps of
+// the grid read neighbouring memory at the same time: at 8192 columns, a block reads the 16
+// KB of one row and the next block the next row's. (A warp per row there would read 4 KB of
+// every 16 KB at a time, and DRAM serves that pattern at two thirds of the rate.)
+struct Plan {
+  int per_row, group, per_warp, groups;
+};
+
+__host__ __device__ __forceinline__ int group_of(int per_row) {
+  return per_row % 4 == 0 ? 4 : per_row % 2 == 0 ? 2 : 1;
+}
+
+__device__ __forceinline__ Plan plan_of(int pieces, int warps) {
+  const int per_row = (pieces + kUnit - 1) / kUnit;
+  const int group = group_of(per_row);
+  return Plan{per_row, group, per_row / group, warps / group};
+}
+
+// Rows of group gid: gid, gid + groups, ... below out_features.
+__device__ __forceinline__ int rows_of(int gid, int groups, int out_features) {
+  return gid < out_features ? (out_features - gid + groups - 1) / groups : 0;
+}
+
 // Which weights unit i of a warp is: its row and its first piece. A warp's units run through
-// its rows in order, each row's units left to right.
+// its rows in order, in each its share of the row's units left to right.
 struct Unit {
   int row, first;
 };
-__device__ __forceinline__ Unit unit_of(int i, int gw, int warps, int units_per_row) {
-  return Unit{gw + (i / units_per_row) * warps, (i % units_per_row) * kUnit};
+__device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, int member) {
+  return Unit{gid + (i / plan.per_warp) * plan.groups,
+              (member + (i % plan.per_warp) * plan.group) * kUnit};
 }
 
 // This lane's copies of unit i (if the warp has one) into ring slot i % kStages, as one group:
 // one group per unit, empty or not, so copies_wait counts units.
 __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, int units,
-                                      int gw, int warps, int units_per_row, int pieces,
+                                      const Plan& plan, int gid, int member, int pieces,
                                       int lane) {
   if (i < units) {
-    const Unit u = unit_of(i, gw, warps, units_per_row);
+    const Unit u = unit_of(i, plan, gid, member);
     const uint4* src = weight + static_cast<int64_t>(u.row) * pieces;
     uint4* slot = ring + (i % kStages) * kUnit;
 #pragma unroll
@@ -99,50 +134,67 @@ __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, i
 }
 
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] of OutT; in % 8 == 0, x and
-// weight 16-byte aligned, tokens <= kTokens.
+// weight 16-byte aligned, tokens <= kTokens. Dynamic shared memory: smem_bytes<kTokens>().
 template <int kTokens, typename OutT>
 __global__ void __launch_bounds__(kThreads)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
             OutT* __restrict__ y, int tokens, int in_features, int out_features) {
-  __shared__ uint4 rings[kWarps][kStages * kUnit];
+  extern __shared__ uint4 smem[];
   allow_next_kernel_to_start();  // the kernel after it may be scheduled (it waits for all of this)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int gw = blockIdx.x * kWarps + warp, warps = gridDim.x * kWarps;
   const int pieces = in_features / 8;
-  const int units_per_row = (pieces + kUnit - 1) / kUnit;
-  const int rows = gw < out_features ? (out_features - gw + warps - 1) / warps : 0;
-  const int units = rows * units_per_row;
-  uint4* ring = rings[warp];
+  const Plan plan = plan_of(pieces, gridDim.x * kWarps);
+  const int gw = blockIdx.x * kWarps + warp;
+  const int gid = gw / plan.group, member = gw % plan.group;
+  const int units = rows_of(gid, plan.groups, out_features) * plan.per_warp;
+  // Every warp of the block runs as many steps as its first group has units (the most), so
+  // all of them reach each barrier; a warp past its own units computes nothing.
+  const int steps = rows_of(blockIdx.x * kWarps / plan.group, plan.groups, out_features) * plan.per_warp;
+  uint4* ring = smem + warp * (kStages * kUnit);
+  // partial[slot][warp][t]: the warps' sums of a shared row, slot = the row's parity
+  float* partial = reinterpret_cast<float*>(smem + kWarps * (kStages * kUnit));
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   const uint4* xp = reinterpret_cast<const uint4*>(x);
   float acc[kTokens];
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
-  // BEGIN SOLUTION: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per unit i: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces from the slot; at a row's last unit, butterfly sums and lane 0 writes y[t, row], acc back to 0
+  // BEGIN SOLUTION: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per step i < steps: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces of unit i (if i < units); at the warp's last unit of a row, butterfly sums; a warp alone on its row: lane 0 writes y[t, row]; a group: lane 0 stores them to partial, __syncthreads(), then lane t of the group's first warp adds the group's partials of token t and writes y[t, row]; acc back to 0
   // The first units are requested before the wait: they overlap the previous kernel.
-  for (int i = 0; i < kStages - 1; ++i) fetch(ring, w, i, units, gw, warps, units_per_row, pieces, lane);
+  for (int i = 0; i < kStages - 1; ++i) fetch(ring, w, i, units, plan, gid, member, pieces, lane);
   wait_for_previous_kernel();
-  for (int i = 0; i < units; ++i) {
+  for (int i = 0; i < steps; ++i) {
     // into the slot unit i - 1 used: this lane has read its pieces of it
-    fetch(ring, w, i + kStages - 1, units, gw, warps, units_per_row, pieces, lane);
+    fetch(ring, w, i + kStages - 1, units, plan, gid, member, pieces, lane);
     copies_wait<kStages - 1>();  // this lane's copies of unit i have landed
-    const Unit u = unit_of(i, gw, warps, units_per_row);
-    const uint4* slot = ring + (i % kStages) * kUnit;
+    const Unit u = unit_of(i, plan, gid, member);
+    if (i < units) {
+      const uint4* slot = ring + (i % kStages) * kUnit;
 #pragma unroll
-    for (int p = 0; p < kPieces; ++p) {
-      const int c = u.first + p * 32 + lane;
-      if (c < pieces) fma_piece(acc, as_bf8(slot[p * 32 + lane]), xp + c, pieces, tokens);
+      for (int p = 0; p < kPieces; ++p) {
+        const int c = u.first + p * 32 + lane;
+        if (c < pieces) fma_piece(acc, as_bf8(slot[p * 32 + lane]), xp + c, pieces, tokens);
+      }
     }
-    if (u.first + kUnit >= pieces) {  // the row's last unit (the same for the whole warp)
+    if (i % plan.per_warp != plan.per_warp - 1) continue;  // the same for the whole block
+    float* sums = partial + (i / plan.per_warp) % 2 * (kWarps * kTokens);
 #pragma unroll
-      for (int t = 0; t < kTokens; ++t) {
-        if (t < tokens) {
-          float sum = acc[t];
+    for (int t = 0; t < kTokens; ++t) {
+      float sum = acc[t];
 #pragma unroll
-          for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-          if (lane == 0) y[static_cast<int64_t>(t) * out_features + u.row] = from_float<OutT>(sum);
-        }
-        acc[t] = 0.f;
+      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (plan.group == 1 && lane == 0 && t < tokens && i < units)
+        y[static_cast<int64_t>(t) * out_features + u.row] = from_float<OutT>(sum);
+      if (plan.group > 1 && lane == 0) sums[warp * kTokens + t] = sum;
+      acc[t] = 0.f;
+    }
+    if (plan.group > 1) {
+      // A slot is written again two rows later, after the next barrier, which the first warp
+      // reaches only once it has read this one: one barrier per row is enough.
+      __syncthreads();
+      if (member == 0 && lane < tokens && i < units) {
+        float sum = 0.f;
+        for (int m = 0; m < plan.group; ++m) sum += sums[(warp + m) * kTokens + lane];
+        y[static_cast<int64_t>(lane) * out_features + u.row] = from_float<OutT>(sum);
       }
     }
   }
@@ -151,14 +203,20 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 
 namespace {
 
-// Blocks of `kernel` that run at once on the whole GPU: the persistent grid's size.
+// Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
+// shared memory (allowed first: it is over the 48 KB a kernel gets without asking): the
+// persistent grid's size; 0 when the device does not answer.
 template <typename Kernel>
-int resident_blocks(Kernel kernel) {
+int resident_blocks(Kernel kernel, size_t smem) {
   int device = 0, sms = 0, per_sm = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) != cudaSuccess ||
+      cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the launcher says what went wrong
     return 0;
+  }
   return sms * per_sm;
 }
 
@@ -167,13 +225,17 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
                     int in_features, int out_features, cudaStream_t stream) {
   // only code built for sm_90 or later has the wait, and TINYVLLM_PDL=0 says no (pdl.cuh)
   static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
-  static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>);
+  constexpr size_t smem = smem_bytes<kTokens>();
+  static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>, smem);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
-  // BEGIN SOLUTION: one block per kWarps rows, at most `resident` blocks; cudaLaunchKernelEx, the PDL attribute when kernel_waits | return "{todo}";
-  const int64_t blocks = tvllm_ceil_div(out_features, kWarps);
+  // a row keeps group_of(units per row) warps busy
+  const int64_t warps = static_cast<int64_t>(out_features) * group_of((in_features / 8 + kUnit - 1) / kUnit);
+  // BEGIN SOLUTION: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits | return "{todo}";
+  const int64_t blocks = tvllm_ceil_div(warps, kWarps);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks < resident ? blocks : resident));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -18,6 +18,9 @@
 // 16 x 64 score tile, m, l and o. K and V tiles of 64 keys are staged in shared memory as
 // bf16 with cp.async, double-buffered: tile j+1 is in flight while tile j is computed. The
 // [T, T] score matrix never exists anywhere: a warp's scores live in registers for one tile.
+// Short sequences (at most kShortTile = 1024 queries) take tiles of 64 rows and 4 warps
+// instead: at 512 tokens a 128-row block visits 2 to 8 key tiles, so a grid of them ends in a
+// ragged last wave; blocks of half the work, twice as many, fill the SMs more evenly.
 //
 // Fragment layouts (PTX ISA, "mma.m16n8k16"; the wrappers ldmatrix_x4, ldmatrix_x4_trans,
 // mma_bf16 and pack_bf16 are in course/cuda/mma.cuh, shared with stage 14):
@@ -48,10 +51,10 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kBlockM = 128;            // query rows per block
+// A block computes kM query rows (the kernels' template argument): 128, or 64 for sequences
+// of at most kShortTile queries. Each warp owns 16 rows: 8 warps (256 threads) or 4.
+constexpr int kShortTile = 1024;
 constexpr int kBlockN = 64;             // keys per shared-memory tile
-constexpr int kWarps = kBlockM / 16;    // each warp owns 16 query rows
-constexpr int kThreads = 32 * kWarps;   // 256
 constexpr int kNTiles = kBlockN / 8;    // 8-key column tiles of a warp's 16 x 64 scores
 constexpr int kPad = 8;                 // bf16 after each shared-memory row (see Smem)
 constexpr float kLog2e = 1.4426950408889634f;
@@ -68,15 +71,19 @@ struct Params {
   float scale_log2;              // scale * log2(e)
 };
 
-// Shared memory, bf16: the Q tile [128][d + 8], then two K tiles and two V tiles [64][d + 8].
+// Shared memory, bf16: the Q tile [kM][d + 8], then two K tiles and two V tiles [64][d + 8].
 // The 8 elements (16 bytes) of padding per row: ldmatrix reads 8 rows of 16 bytes at once;
 // with a pitch of d elements (128 or 256 bytes) all 8 would sit in the same 4 banks (an
 // 8-way conflict), with d + 8 they fall in 8 different 16-byte bank groups.
 template <int kD>
+constexpr int kRowPitch = kD + kPad;  // bf16 from one shared-memory row to the next
+
+template <int kD, int kM>
 struct Smem {
-  static constexpr int kPitch = kD + kPad;
-  static constexpr int kTileK = kBlockN * kPitch;                  // elements of one K or V tile
-  static constexpr int kBytes = (kBlockM * kPitch + 4 * kTileK) * 2;  // 55 KB (d 64), 104 KB (d 128)
+  static constexpr int kPitch = kRowPitch<kD>;
+  static constexpr int kTileK = kBlockN * kPitch;             // elements of one K or V tile
+  static constexpr int kBytes = (kM * kPitch + 4 * kTileK) * 2;  // kM 128: 55 KB (d 64), 104 KB (d 128)
+  static constexpr int kThreads = 2 * kM;                     // 32 per 16 rows
 };
 
 // ---------------------------------------------------------------- PTX wrappers (given)
@@ -92,9 +99,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // into shared memory (pitch d + 8) with 16-byte cp.async, spread over the block. Rows at or
 // past `len` belong to another sequence or to nothing: they are filled with zeros (0 * NaN
 // would be NaN). Asynchronous: commit, wait and __syncthreads before anyone reads the tile.
-template <int kRows, int kD>
+template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t stride, int row0,
                                           int len) {
+  constexpr int kPitch = kRowPitch<kD>;
   constexpr int kChunks = kD / 8;  // 16-byte pieces per row
   static_assert(kRows * kChunks % kThreads == 0, "every thread loads the same number of pieces");
 #pragma unroll
@@ -103,7 +111,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < len;
     const bf16* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + col : src;
-    copy16(reinterpret_cast<uint4*>(dst + r * Smem<kD>::kPitch + col), from, valid);
+    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), from, valid);
   }
 }
 
@@ -120,13 +128,13 @@ __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], co
   for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile j); 8-15: keys 0-7, dims 8-15 (its b1);
   // 16-23: keys 8-15, dims 0-7 (b0 of tile j + 1); 24-31: keys 8-15, dims 8-15.
-  const bf16* base = ks + ((lane % 8) + 8 * (lane / 16)) * Smem<kD>::kPitch + 8 * ((lane / 8) % 2);
+  const bf16* base = ks + ((lane % 8) + 8 * (lane / 16)) * kRowPitch<kD> + 8 * ((lane / 8) % 2);
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
 #pragma unroll
     for (int j = 0; j < kNTiles; j += 2) {
       uint32_t b[4];
-      ldmatrix_x4(b, base + j * 8 * Smem<kD>::kPitch + kk * 16);
+      ldmatrix_x4(b, base + j * 8 * kRowPitch<kD> + kk * 16);
       mma_bf16(s[j], qf[kk], b[0], b[1]);
       mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
     }
@@ -207,7 +215,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], cons
   // BEGIN SOLUTION: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; per 16 dims one ldmatrix.x4.trans of V and two mma
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
   // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
-  const bf16* base = vs + ((lane % 8) + 8 * ((lane / 8) % 2)) * Smem<kD>::kPitch + 8 * (lane / 16);
+  const bf16* base = vs + ((lane % 8) + 8 * ((lane / 8) % 2)) * kRowPitch<kD> + 8 * (lane / 16);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
@@ -217,7 +225,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], cons
 #pragma unroll
     for (int i = 0; i < kD / 8; i += 2) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, base + kk * 16 * Smem<kD>::kPitch + i * 8);
+      ldmatrix_x4_trans(b, base + kk * 16 * kRowPitch<kD> + i * 8);
       mma_bf16(o[i], a, b[0], b[1]);
       mma_bf16(o[i + 1], a, b[2], b[3]);
     }
@@ -225,18 +233,20 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], cons
   // END SOLUTION
 }
 
-template <int kD>
-__global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_kernel(Params p) {
-  constexpr int kPitch = Smem<kD>::kPitch;
+// kM 128: 2 blocks per SM at d 64 (by registers), 1 at d 128; kM 64: 4 and 2 (by shared memory).
+template <int kD, int kM>
+__global__ void __launch_bounds__(Smem<kD, kM>::kThreads, (kD <= 64 ? 2 : 1) * (kM == 64 ? 2 : 1))
+flash_attention_kernel(Params p) {
+  constexpr int kPitch = kRowPitch<kD>, kThreads = Smem<kD, kM>::kThreads;
   extern __shared__ uint4 smem[];  // 16-byte aligned, as cp.async and ldmatrix need
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kBlockM * kPitch;       // K tiles: buffers 0 and 1
-  bf16* vs = ks + 2 * Smem<kD>::kTileK;   // V tiles: buffers 0 and 1
+  bf16* ks = qs + kM * kPitch;                // K tiles: buffers 0 and 1
+  bf16* vs = ks + 2 * Smem<kD, kM>::kTileK;   // V tiles: buffers 0 and 1
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.y, seq = blockIdx.z;
   // The last tiles of a sequence see the most keys: start them first so they don't trail.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kM;
   const int start = p.cu_seqlens_q[seq];
   const int len_q = p.cu_seqlens_q[seq + 1] - start;
   if (q0 >= len_q) return;  // this sequence is shorter than the longest one
@@ -246,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
 
   // BEGIN SOLUTION: the KV head of query head h (GQA), and how many key tiles this block visits (none wholly past its last row) | const int kv_head = 0, n_tiles = 0;
   const int kv_head = h / (p.n_heads / p.n_kv_heads);
-  const int kv_end = min(q0 + kBlockM + shift, len);  // keys past this are in every row's future
+  const int kv_end = min(q0 + kM + shift, len);  // keys past this are in every row's future
   const int n_tiles = (kv_end + kBlockN - 1) / kBlockN;
   // END SOLUTION
   const bf16* q = p.q + start * p.q_stride + static_cast<int64_t>(h) * kD;
@@ -257,9 +267,9 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
   const int qpos = first_pos + lane / 4;                 // ... and of this lane's row g
 
   // Q and the first K/V tile, then Q into registers: A fragments, 16 dims each.
-  load_tile<kBlockM, kD>(qs, q, p.q_stride, q0, len_q);
-  load_tile<kBlockN, kD>(ks, k, p.k_stride, 0, len);
-  load_tile<kBlockN, kD>(vs, v, p.v_stride, 0, len);
+  load_tile<kM, kD, kThreads>(qs, q, p.q_stride, q0, len_q);
+  load_tile<kBlockN, kD, kThreads>(ks, k, p.k_stride, 0, len);
+  load_tile<kBlockN, kD, kThreads>(vs, v, p.v_stride, 0, len);
   copies_commit();
   copies_wait<0>();
   __syncthreads();
@@ -277,8 +287,8 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j % 2;
     if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer while tile j computes
-      load_tile<kBlockN, kD>(ks + (1 - buf) * Smem<kD>::kTileK, k, p.k_stride, (j + 1) * kBlockN, len);
-      load_tile<kBlockN, kD>(vs + (1 - buf) * Smem<kD>::kTileK, v, p.v_stride, (j + 1) * kBlockN, len);
+      load_tile<kBlockN, kD, kThreads>(ks + (1 - buf) * Smem<kD, kM>::kTileK, k, p.k_stride, (j + 1) * kBlockN, len);
+      load_tile<kBlockN, kD, kThreads>(vs + (1 - buf) * Smem<kD, kM>::kTileK, v, p.v_stride, (j + 1) * kBlockN, len);
       copies_commit();
       copies_wait<1>();  // everything but the newest group (tile j + 1) has landed
     } else {
@@ -290,12 +300,12 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
     // Warp-uniform: a tile wholly in the future of the warp's last row is skipped (causal).
     if (n0 <= first_pos + 15) {
       float s[kNTiles][4];
-      tile_scores<kD>(qf, ks + buf * Smem<kD>::kTileK, lane, p.scale_log2, s);
+      tile_scores<kD>(qf, ks + buf * Smem<kD, kM>::kTileK, lane, p.scale_log2, s);
       // Only tiles that cross the diagonal of the warp's first row, or the end of the keys,
       // hold invisible keys.
       if (n0 + kBlockN - 1 > first_pos || n0 + kBlockN > len) mask_scores(s, qpos, n0, len, lane);
       online_softmax<kD>(s, m, l, o);
-      accumulate_pv<kD>(s, vs + buf * Smem<kD>::kTileK, lane, o);
+      accumulate_pv<kD>(s, vs + buf * Smem<kD, kM>::kTileK, lane, o);
     }
     __syncthreads();  // all warps are done with buffer `buf` before iteration j + 1 refills it
   }
@@ -318,18 +328,18 @@ __global__ void __launch_bounds__(kThreads, kD <= 64 ? 2 : 1) flash_attention_ke
   // END SOLUTION
 }
 
-template <int kD>
+template <int kD, int kM>
 tvllm_status launch(const Params& p, int n_seqs, int max_seqlen, cudaStream_t stream) {
-  // BEGIN SOLUTION: a block of 256 threads per (128-query tile, head, sequence); opt in to Smem<kD>::kBytes of dynamic shared memory | return "{todo}";
-  constexpr int smem = Smem<kD>::kBytes;
-  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<kD>,
+  // BEGIN SOLUTION: a block of Smem<kD, kM>::kThreads threads per (kM-query tile, head, sequence); opt in to Smem<kD, kM>::kBytes of dynamic shared memory | return "{todo}";
+  constexpr int smem = Smem<kD, kM>::kBytes;
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<kD, kM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it: the message goes back through the return value
     return cudaGetErrorString(err);
   }
-  const dim3 grid(static_cast<unsigned>(tvllm_ceil_div(max_seqlen, kBlockM)), p.n_heads, n_seqs);
-  flash_attention_kernel<kD><<<grid, kThreads, smem, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(tvllm_ceil_div(max_seqlen, kM)), p.n_heads, n_seqs);
+  flash_attention_kernel<kD, kM><<<grid, Smem<kD, kM>::kThreads, smem, stream>>>(p);
   return TVLLM_OK;
   // END SOLUTION
 }
@@ -358,6 +368,9 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
                  static_cast<const bf16*>(v), static_cast<bf16*>(out),
                  cu_seqlens_q, cu_seqlens_k, q_stride, k_stride, v_stride, n_heads, n_kv_heads,
                  scale * kLog2e};
-  return head_dim == 64 ? launch<64>(p, n_seqs, max_seqlen, stream)
-                        : launch<128>(p, n_seqs, max_seqlen, stream);
+  // Short sequences in 64-row tiles (see kShortTile), longer ones in 128-row tiles.
+  const auto by_tile = max_seqlen <= kShortTile
+                           ? (head_dim == 64 ? launch<64, 64> : launch<128, 64>)
+                           : (head_dim == 64 ? launch<64, 128> : launch<128, 128>);
+  return by_tile(p, n_seqs, max_seqlen, stream);
 }
