@@ -5,17 +5,26 @@
 // (or exited), instead of when that kernel has finished. It must call
 // wait_for_previous_kernel() before it reads anything the previous kernel writes (or writes
 // anything it reads): that returns once the previous kernel has finished and its writes are
-// visible. Before the wait, it may load what no kernel of the step writes, e.g. weights.
+// visible. Before the wait, it may load what no kernel of the step writes: the weights, and
+// the step's inputs (token ids, positions, slot mapping, block tables, context lengths). Those
+// are in place before the step's first kernel starts -- the embedding is launched with
+// <<<...>>>, so it starts once everything before it in the stream has finished, and every
+// kernel of the step starts after it -- while a kernel several places back in the step may
+// still be running (each lets its successor start at its top), so nothing else is safe to read
+// early, and nothing at all to write.
 //
 // Calling allow_next_kernel_to_start() at the top of a kernel is always safe: it only lets a
 // PDL-launched successor be scheduled (its wait still waits for all of this kernel), and does
 // nothing when the successor was launched normally. Below sm_90 both compile to nothing.
 //
 // The small kernels of a decode step (RMSNorm, rope, the cache write, paged attention and its
-// reduction, SiLU-mul) call both at their top and are launched with launch_early() instead
-// of <<<...>>>: at batch 1 a step is ~160 kernels of a few microseconds, and each boundary
-// costs the next kernel's launch and start-up; with PDL that overlaps the previous kernel's
-// end. (A kernel launched with <<<...>>> is still correct: it just starts later.)
+// reduction, SiLU-mul) call allow_next_kernel_to_start() at their top and are launched with
+// launch_early() instead of <<<...>>>: at batch 1 a step is ~160 kernels of a few
+// microseconds, and each boundary costs the next kernel's launch and start-up; with PDL that
+// overlaps the previous kernel's end. What they may read early, they read before their wait
+// (RMSNorm its weight, rope the position, the cache write the slot, paged attention the
+// context length and the block table: each a memory latency off the step's critical path).
+// (A kernel launched with <<<...>>> is still correct: it just starts later.)
 #pragma once
 #include <cuda_runtime.h>
 

@@ -58,17 +58,26 @@ __global__ void __launch_bounds__(1024)
 rmsnorm_kernel(T* out, T* residual, const T* x, const T* __restrict__ weight, int64_t hidden,
                float eps) {
   using P = Pack<T, N>;
-  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
-  // one may have started before the previous kernel ended: x and residual only after the wait
-  // (course/cuda/pdl.cuh).
-  allow_next_kernel_to_start();
-  wait_for_previous_kernel();
-  // BEGIN SOLUTION: load (and add) this thread's packs into registers, block_sum the squares, scale, store
   const int64_t row_start = static_cast<int64_t>(blockIdx.x) * hidden;
   const int packs = static_cast<int>(hidden / N);
+  // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
+  // one may have started before the previous kernel ended: the weight, which no kernel of the
+  // step writes, is read before the wait (its latency hides behind the previous kernel); x and
+  // residual only after it (course/cuda/pdl.cuh).
+  allow_next_kernel_to_start();
+  P wv[kVecs];  // this thread's packs of the weight
+  // BEGIN SOLUTION: wv[j] = weight pack p = threadIdx.x + j * blockDim.x, for p < packs
+  const P* w = reinterpret_cast<const P*>(weight);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int p = threadIdx.x + j * blockDim.x;
+    if (p < packs) wv[j] = w[p];
+  }
+  // END SOLUTION
+  wait_for_previous_kernel();
+  // BEGIN SOLUTION: load (and add) this thread's packs into registers, block_sum the squares, scale by the weight in wv, store
   const P* x_row = reinterpret_cast<const P*>(x + row_start);
   P* out_row = reinterpret_cast<P*>(out + row_start);
-  const P* w = reinterpret_cast<const P*>(weight);
 
   P h[kVecs];  // the row (after the add), kept in registers between the two passes
   float sum_sq = 0.0f;
@@ -93,12 +102,11 @@ rmsnorm_kernel(T* out, T* residual, const T* x, const T* __restrict__ weight, in
   for (int j = 0; j < kVecs; ++j) {
     const int p = threadIdx.x + j * blockDim.x;
     if (p < packs) {
-      const P wp = w[p];
       P o;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float normed = to_float(from_float<T>(to_float(h[j].v[k]) * inv_rms));
-        o.v[k] = from_float<T>(to_float(wp.v[k]) * normed);
+        o.v[k] = from_float<T>(to_float(wv[j].v[k]) * normed);
       }
       out_row[p] = o;
     }

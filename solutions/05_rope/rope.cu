@@ -44,13 +44,17 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
                             int head_dim, int64_t max_positions) {
   using P = Pack<T, N>;
   using F = Pack<float, N>;
-  // Launched early in a decode step: q and k only after the QKV GEMV has finished (pdl.cuh).
+  // Launched early in a decode step: the position, a step input no kernel writes, before the
+  // wait (its latency hides behind the QKV GEMV); q, k and the error flag only after the GEMV
+  // has finished (pdl.cuh).
   allow_next_kernel_to_start();
-  wait_for_previous_kernel();
-  // BEGIN SOLUTION: this token's position (out of range: NaN rows, *error = 1); loop over (head, chunk of N pairs); rotate with HF's roundings
   const int64_t t = blockIdx.x;
+  // BEGIN SOLUTION: this token's position, and whether it is outside the table | const int64_t pos = 0; const bool bad = true;
   const int64_t pos = positions[t];
   const bool bad = pos < 0 || pos >= max_positions;
+  // END SOLUTION
+  wait_for_previous_kernel();
+  // BEGIN SOLUTION: out of range: *error = 1 and NaN rows; loop over (head, chunk of N pairs); rotate with HF's roundings
   if (bad && threadIdx.x == 0) *error = 1;
   const int half = head_dim / 2;
   const int chunks = half / N;  // per head

@@ -32,13 +32,16 @@ __global__ void cache_write_kernel(const uint4* __restrict__ k, const uint4* __r
                                    uint4* __restrict__ k_cache, uint4* __restrict__ v_cache,
                                    const int64_t* __restrict__ slot_mapping, int64_t k_stride,
                                    int64_t v_stride, int64_t packs, int64_t num_rows) {
-  // Launched early in a decode step: k and v only after rope has finished (pdl.cuh).
+  // Launched early in a decode step: the slot, a step input no kernel writes, before the wait
+  // (its latency hides behind rope); k and v only after rope has finished (pdl.cuh).
   allow_next_kernel_to_start();
-  wait_for_previous_kernel();
-  // BEGIN SOLUTION: read this token's slot; skip it when negative or >= num_rows; copy the row's packs of k and v with a block-stride loop
   const int64_t t = blockIdx.x;
+  // BEGIN SOLUTION: read this token's slot; leave when it is negative or >= num_rows (padding: nothing to write) | const int64_t slot = -1;
   const int64_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_rows) return;
+  // END SOLUTION
+  wait_for_previous_kernel();
+  // BEGIN SOLUTION: copy the row's packs of k and v to the slot's row, with a block-stride loop
   const uint4* k_src = k + t * k_stride;
   const uint4* v_src = v + t * v_stride;
   uint4* k_dst = k_cache + slot * packs;

@@ -46,12 +46,17 @@ __global__ void __launch_bounds__(1024)
 rmsnorm_kernel(T* out, T* residual, const T* x, const T* __restrict__ weight, int64_t hidden,
                float eps) {
   using P = Pack<T, N>;
+  const int64_t row_start = static_cast<int64_t>(blockIdx.x) * hidden;
+  const int packs = static_cast<int>(hidden / N);
   // A decode step's next kernel (stage 06's GEMV) may start loading its weights now, and this
-  // one may have started before the previous kernel ended: x and residual only after the wait
-  // (course/cuda/pdl.cuh).
+  // one may have started before the previous kernel ended: the weight, which no kernel of the
+  // step writes, is read before the wait (its latency hides behind the previous kernel); x and
+  // residual only after it (course/cuda/pdl.cuh).
   allow_next_kernel_to_start();
+  P wv[kVecs];  // this thread's packs of the weight
+  // TODO stage 04: wv[j] = weight pack p = threadIdx.x + j * blockDim.x, for p < packs (about 6 lines)
   wait_for_previous_kernel();
-  // TODO stage 04: load (and add) this thread's packs into registers, block_sum the squares, scale, store (about 38 lines)
+  // TODO stage 04: load (and add) this thread's packs into registers, block_sum the squares, scale by the weight in wv, store (about 34 lines)
 }
 
 // Threads a block aims for: small blocks with several packs per thread keep more loads in

@@ -44,10 +44,15 @@ __global__ void rope_kernel(T* __restrict__ q, T* __restrict__ k,
                             int head_dim, int64_t max_positions) {
   using P = Pack<T, N>;
   using F = Pack<float, N>;
-  // Launched early in a decode step: q and k only after the QKV GEMV has finished (pdl.cuh).
+  // Launched early in a decode step: the position, a step input no kernel writes, before the
+  // wait (its latency hides behind the QKV GEMV); q, k and the error flag only after the GEMV
+  // has finished (pdl.cuh).
   allow_next_kernel_to_start();
+  const int64_t t = blockIdx.x;
+  // TODO stage 05: this token's position, and whether it is outside the table (about 2 lines)
+  const int64_t pos = 0; const bool bad = true;
   wait_for_previous_kernel();
-  // TODO stage 05: this token's position (out of range: NaN rows, *error = 1); loop over (head, chunk of N pairs); rotate with HF's roundings (about 33 lines)
+  // TODO stage 05: out of range: *error = 1 and NaN rows; loop over (head, chunk of N pairs); rotate with HF's roundings (about 30 lines)
 }
 
 template <typename T, int N>

@@ -158,8 +158,10 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
 // at most 8 (row g) and 2 above (rows g and g + 8).
 template <int kD, int kR>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
-  allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
-  wait_for_previous_kernel();    // launched early: the cache write must have finished
+  // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length
+  // and the block table are step inputs that no kernel writes: they are read before the wait
+  // below, behind the cache write; the caches and q (rope's) only after it.
+  allow_next_kernel_to_start();
   constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
   const int d = kD == 64 ? 64 : p.head_dim;
@@ -176,14 +178,44 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // TODO stage 14: this block's keys [k_begin, k_end): the whole context, or partition `part` of p.partition_keys keys, clipped to len (about 2 lines)
   const int k_begin = 0, k_end = 0;
 
-  if (p.partitions == 1 && (bad_len || len == 0)) {
-    // A padding row gets zeros, a row that cannot be read NaN; the whole block leaves.
+  // A padding row gets zeros, a row that cannot be read NaN, from the single pass; in split-K
+  // the reduction writes them, and a partition without keys has nothing to do.
+  const bool fill = p.partitions == 1 && (bad_len || len == 0);
+  if (!fill && (bad_len || k_begin >= k_end)) return;
+
+  // Row r of physical block n, KV head kv_head: (n * block_size + r) * key_stride + head_off
+  // elements into k_cache (and v_cache).
+  const int64_t key_stride = static_cast<int64_t>(p.n_kv_heads) * d;
+  const int64_t head_off = static_cast<int64_t>(kv_head) * d;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;
+
+  // Warp w takes steps w, w + kWarps, ... of the block's range; its i-th starts at key
+  // first_key(i). my_steps is the same for all 32 lanes, so every lane reaches every
+  // collective (shuffle, ldmatrix, mma).
+  const int n_steps = fill ? 0 : (k_end - k_begin + kStepKeys - 1) / kStepKeys;
+  const int my_steps = warp < n_steps ? (n_steps - warp + kWarps - 1) / kWarps : 0;
+  auto first_key = [&](int i) { return k_begin + (warp + i * kWarps) * kStepKeys; };
+
+  // A step's 16 rows x kD / 8 pieces of K (and as many of V), spread over the lanes: this
+  // lane's x-th is piece c = lane + 32x, of row c / (kD / 8).
+  // The physical block of the key of each piece this lane copies in its step i.
+  auto lookup = [&](int i, int (&blk)[kCopies]) {
+    // TODO stage 14: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0) (about 5 lines)
+  };
+  // The table entries of the first kStages steps, before the wait: ahead[i] for the steps the
+  // pipeline issues up front, blk for the one after (then it rolls: see the pipeline).
+  int ahead[kStages - 1][kCopies], blk[kCopies];
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) lookup(i, ahead[i]);
+  lookup(kStages - 1, blk);
+  wait_for_previous_kernel();  // the cache write has finished: its row, and q, can be read
+
+  if (fill) {
     __nv_bfloat16* row = p.out + (static_cast<int64_t>(b) * p.n_heads + h0) * d;
-    const __nv_bfloat16 fill = __float2bfloat16(bad_len ? NAN : 0.f);
-    for (int i = threadIdx.x; i < n_here * d; i += blockDim.x) row[i] = fill;
+    const __nv_bfloat16 value = __float2bfloat16(bad_len ? NAN : 0.f);
+    for (int i = threadIdx.x; i < n_here * d; i += blockDim.x) row[i] = value;
     return;
   }
-  if (bad_len || k_begin >= k_end) return;  // split-K: the reduction writes this row
 
   // The query heads h0 .. h0 + n_here - 1 as A fragments, row = head, dims 16kk .. 16kk + 15;
   // rows past n_here and dims past d are zeros.
@@ -197,29 +229,10 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-  // Row r of physical block n, KV head kv_head: (n * block_size + r) * key_stride + head_off
-  // elements into k_cache (and v_cache).
-  const int64_t key_stride = static_cast<int64_t>(p.n_kv_heads) * d;
-  const int64_t head_off = static_cast<int64_t>(kv_head) * d;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(b) * p.max_blocks;
-
-  // Warp w takes steps w, w + kWarps, ... of the block's range; its i-th starts at key
-  // first_key(i). my_steps is the same for all 32 lanes, so every lane reaches every
-  // collective (shuffle, ldmatrix, mma).
-  const int n_steps = (k_end - k_begin + kStepKeys - 1) / kStepKeys;
-  const int my_steps = warp < n_steps ? (n_steps - warp + kWarps - 1) / kWarps : 0;
-  auto first_key = [&](int i) { return k_begin + (warp + i * kWarps) * kStepKeys; };
-
   extern __shared__ uint4 smem[];
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
-  // A step's 16 rows x kD / 8 pieces of K (and as many of V), spread over the lanes: this
-  // lane's x-th is piece c = lane + 32x, of row c / (kD / 8).
-  // The physical block of the key of each piece this lane copies in its step i.
-  auto lookup = [&](int i, int (&blk)[kCopies]) {
-    // TODO stage 14: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0) (about 5 lines)
-  };
   // Issue this lane's copies of its step i into slot i % kStages: K row r at r * kPitch, V
   // row r at (kStepKeys + r) * kPitch.
   auto fetch = [&](int i, const int (&blk)[kCopies]) {
@@ -231,14 +244,11 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // The pipeline: kStages - 1 steps in flight before the first is used; then per step: wait
   // for its copies (this lane's, then the warp's), issue the step kStages - 1 ahead (into the
   // slot used one step ago), read the table for the step after that, and compute.
-  int blk[kCopies];
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    lookup(i, blk);
-    fetch(i, blk);
+    fetch(i, ahead[i]);
     copies_commit();
   }
-  lookup(kStages - 1, blk);
   for (int i = 0; i < my_steps; ++i) {
     copies_wait<kStages - 2>();  // this lane's copies of step i have landed ...
     __syncwarp();                // ... and every lane's: ldmatrix reads them all
@@ -320,11 +330,11 @@ __device__ float block_reduce(float x, float* red) {
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
-  wait_for_previous_kernel();    // launched early: the partitions must have been written
   const int b = blockIdx.x / p.n_heads;
   const int d = p.head_dim;
   __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
-  const int len = p.context_lens[b];
+  const int len = p.context_lens[b];  // a step input: read before the wait
+  wait_for_previous_kernel();    // launched early: the partitions must have been written
   if (len <= 0 || len > p.max_keys) {  // padding row: zeros; unreadable: NaN
     for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = __float2bfloat16(len == 0 ? 0.f : NAN);
     return;
