@@ -229,14 +229,16 @@ def emu_gemv():
                           [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 3)
 
 
-# (in, out, tokens, float32 out): one 2048-column unit per row; rows of 4 units (8192: a
-# group of 4 warps per row), of 2 (4096: groups of 2, whose rows per group differ inside a
-# block), of 8 (two units per warp of a group of 4) and of 3 with a partly empty one (4104:
-# one warp per row); rows shorter than a unit, fewer rows than warps, and more rows than the
-# emulated device's 64 warps (each warp, or group, loops over its rows).
+# (in, out, tokens, float32 out), units of 1024 columns: rows of 2 units (2048: groups of 2
+# warps, whose rows per group differ inside a block at out 45), of 8 (8192: two units per warp
+# of a group of 4), of 4 (4096: one unit per warp of a group of 4), of 16, and of 5 with a
+# partly empty one (4104: one warp per row); rows of one unit (576) and shorter than a unit;
+# fewer rows than warps, and more rows than the emulated device's warps (each warp, or group,
+# loops over its rows).
 @pytest.mark.parametrize("in_features,out_features,tokens,f32", [
-    (2048, 96, 1, False), (8192, 70, 2, False), (4096, 45, 1, False), (16384, 9, 4, True),
-    (4104, 37, 3, False), (576, 150, 8, False), (72, 13, 5, False), (2048, 200, 1, True)])
+    (2048, 96, 1, False), (2048, 45, 1, False), (8192, 70, 2, False), (4096, 45, 1, False),
+    (16384, 9, 4, True), (4104, 37, 3, False), (576, 150, 8, False), (72, 13, 5, False),
+    (2048, 200, 1, True)])
 def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens, f32):
     g = torch.Generator().manual_seed(in_features + out_features + tokens)
     x = torch.randn(tokens, in_features, generator=g).bfloat16()

@@ -7,14 +7,15 @@
 // (bytes = bandwidth x latency); weights loaded into registers cap that at what the registers
 // hold, so here they go to shared memory with cp.async (course/cuda/cp_async.cuh):
 //
-//     a row is cut into units of 2048 columns (4 KB: 8 pieces of 16 bytes per lane);
+//     a row is cut into units of 1024 columns (2 KB: 4 pieces of 16 bytes per lane);
 //     a row of one unit belongs to one warp; the units of a longer row are shared by the
-//     2 or 4 warps of a group in one block (8192 columns: 4 warps, one unit each), so that
-//     the grid reads neighbouring memory at any moment (see Plan);
-//     the warps (or groups) of the grid take rows in turn: ~16 warps per SM, one wave, a
+//     2 or 4 warps of a group in one block (2048 columns: 2 warps, one unit each; 8192: 4
+//     warps, two units each), so that the grid reads neighbouring memory at any moment
+//     (see Plan);
+//     the warps (or groups) of the grid take rows in turn: ~32 warps per SM, one wave, a
 //     persistent kernel;
 //     each lane keeps its copies of the next kStages - 1 units in flight in a ring of
-//     kStages slots while it computes with the current one (4 warps x 2 x 4 KB per block);
+//     kStages slots while it computes with the current one (4 warps x 2 x 2 KB per block);
 //     per unit, each piece times the same 8 columns of every token's x (tiny: it stays in
 //     L1) into one float32 sum per token; at the warp's last unit of a row the 32 lanes add
 //     their sums with shuffles; lane 0 writes y[t, row] for every token t, or, in a group,
@@ -44,11 +45,14 @@
 constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pays for tiles
 constexpr int kThreads = 128;      // 4 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kPieces = 8;            // 16-byte pieces per lane per unit
-constexpr int kUnit = 32 * kPieces;   // pieces per unit: 256 (2048 columns, 4 KB)
+constexpr int kPieces = 4;            // 16-byte pieces per lane per unit
+constexpr int kUnit = 32 * kPieces;   // pieces per unit: 128 (1024 columns, 2 KB)
 constexpr int kStages = 3;            // ring slots per warp: 2 units in flight, 1 in use
-// The rings: kWarps x kStages x 4 KB = 48 KB a block; an H200 SM holds four such blocks (16
-// warps, 128 KB in flight), a T4's one. After them, the partial sums of shared rows.
+// The rings: kWarps x kStages x 2 KB = 24 KB a block; an H200 SM holds eight such blocks (32
+// warps, 128 KB in flight), a T4's two. After them, the partial sums of shared rows. (Units of
+// 4 KB, 4 blocks and 16 warps per SM with the same bytes in flight, took 764 us for the 64
+// GEMVs of a batch-1 decode step, back to back in a CUDA graph; 2 KB units 656 us, 3 ring
+// slots of 4 KB 788 us: more warps, not more bytes, is what streams faster.)
 constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
 
 template <int kTokens>
@@ -79,13 +83,14 @@ __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
   // END SOLUTION
 }
 
-// Who reads which unit. A row has `per_row` units (ceil(in / 2048)); a group of `group`
+// Who reads which unit. A row has `per_row` units (ceil(in / 1024)); a group of `group`
 // consecutive warps of one block shares each row -- 4, 2 or 1 warps, the most that divides
 // per_row -- member m taking the row's units m, m + group, m + 2 group, ... (per_warp of
 // them); group gid of the grid's `groups` takes rows gid, gid + groups, ... So the warps of
-// the grid read neighbouring memory at the same time: at 8192 columns, a block reads the 16
-// KB of one row and the next block the next row's. (A warp per row there would read 4 KB of
-// every 16 KB at a time, and DRAM serves that pattern at two thirds of the rate.)
+// the grid read neighbouring memory at the same time: at 8192 columns, a block reads 8 KB of
+// one row and the next block the same 8 KB of the next row. (With 4 KB units and a warp per
+// row, the grid read 4 KB of every 16 KB at a time, and DRAM served that pattern at two
+// thirds of the rate.)
 struct Plan {
   int per_row, group, per_warp, groups;
 };
@@ -204,7 +209,8 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 namespace {
 
 // Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
-// shared memory (allowed first: it is over the 48 KB a kernel gets without asking): the
+// shared memory (allowed first, should the ring grow past the 48 KB a kernel gets without
+// asking): the
 // persistent grid's size; 0 when the device does not answer.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, size_t smem) {
