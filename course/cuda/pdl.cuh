@@ -12,11 +12,11 @@
 // kernel of the step starts after it -- while a kernel several places back in the step may
 // still be running (each lets its successor start at its top), so nothing else is safe to read
 // early, and nothing at all to write. Called alone (a test, a benchmark), such a kernel may
-// follow the torch kernel that wrote its weight or its positions; torch's elementwise and random kernels do not call
-// allow_next_kernel_to_start(), so it starts only once every block of that kernel has exited
-// (the condition under which the GEMV has always loaded its weights early; the guarantee that
-// those writes are visible is formally the wait's, which is why the engine's steps rely on the
-// embedding's normal launch instead).
+// follow the torch kernel that wrote its weight or its positions; torch's elementwise and
+// random kernels do not call allow_next_kernel_to_start(), so it starts only once every block
+// of that kernel has exited (the condition under which the GEMV has always loaded its weights
+// early; the guarantee that those writes are visible is formally the wait's, which is why the
+// engine's steps rely on the embedding's normal launch instead).
 //
 // Calling allow_next_kernel_to_start() at the top of a kernel is always safe: it only lets a
 // PDL-launched successor be scheduled (its wait still waits for all of this kernel), and does
