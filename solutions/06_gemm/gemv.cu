@@ -92,17 +92,18 @@ __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
 // row, the grid read 4 KB of every 16 KB at a time, and DRAM served that pattern at two
 // thirds of the rate.)
 struct Plan {
-  int per_row, group, per_warp, groups;
+  int group, per_warp, groups;
 };
 
-__host__ __device__ __forceinline__ int group_of(int per_row) {
+// The warps that share a row of `pieces` 16-byte pieces (the launcher sizes the grid with it).
+__host__ __device__ __forceinline__ int group_of(int pieces) {
+  const int per_row = (pieces + kUnit - 1) / kUnit;
   return per_row % 4 == 0 ? 4 : per_row % 2 == 0 ? 2 : 1;
 }
 
 __device__ __forceinline__ Plan plan_of(int pieces, int warps) {
-  const int per_row = (pieces + kUnit - 1) / kUnit;
-  const int group = group_of(per_row);
-  return Plan{per_row, group, per_row / group, warps / group};
+  const int per_row = (pieces + kUnit - 1) / kUnit, group = group_of(pieces);
+  return Plan{group, per_row / group, warps / group};
 }
 
 // Rows of group gid: gid, gid + groups, ... below out_features.
@@ -210,8 +211,7 @@ namespace {
 
 // Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
 // shared memory (allowed first, should the ring grow past the 48 KB a kernel gets without
-// asking): the
-// persistent grid's size; 0 when the device does not answer.
+// asking): the persistent grid's size; 0 when the device does not answer.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, size_t smem) {
   int device = 0, sms = 0, per_sm = 0;
@@ -234,8 +234,8 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   constexpr size_t smem = smem_bytes<kTokens>();
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>, smem);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
-  // a row keeps group_of(units per row) warps busy
-  const int64_t warps = static_cast<int64_t>(out_features) * group_of((in_features / 8 + kUnit - 1) / kUnit);
+  // a row keeps group_of(its pieces) warps busy
+  const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8);
   // BEGIN SOLUTION: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits | return "{todo}";
   const int64_t blocks = tvllm_ceil_div(warps, kWarps);
   cudaLaunchConfig_t config = {};
