@@ -33,6 +33,7 @@ OPS: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
     "argmax": ("08", "argmax"),
     "decode_attention": ("09", "decode_attention"),
     "cache_write": ("13", "cache_write"),
+    "rope_cache_write": ("13", "cache_write"),
     "paged_decode_attention": ("14", "paged_attention"),
 }
 

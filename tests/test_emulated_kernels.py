@@ -405,6 +405,51 @@ def test_cache_write_kernel_in_the_emulator():
     torch.testing.assert_close(v_cache, expected_v, atol=0, rtol=0)
 
 
+ROPE_CACHE_SHIM = CALL + """
+extern "C" const char* emu_rope_cache_write(void* q, void* k, const void* v, void* k_cache,
+                                            void* v_cache, const int64_t* slots,
+                                            const int64_t* positions, const float* cos_sin,
+                                            int64_t tokens, int64_t stride, int q_heads,
+                                            int kv_heads, int d, int64_t num_rows,
+                                            int64_t max_positions) {
+  EMU_CALL(launch_rope_cache_write(q, k, v, k_cache, v_cache, slots, positions, cos_sin, tokens,
+                                   stride, stride, stride, q_heads, kv_heads, d, num_rows,
+                                   max_positions, nullptr));
+}
+"""
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,d", [(32, 8, 64), (4, 1, 128)])
+def test_rope_cache_write_kernel_in_the_emulator(q_heads, kv_heads, d):
+    """q and k rotated in place and the rotated k with v stored at the slots, a padding slot
+    (-1) storing nothing, against stage 05's rope twin followed by the cache-write twin."""
+    fused = _shim_function("13", "cache_write.cu", ROPE_CACHE_SHIM, "emu_rope_cache_write",
+                           [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 3
+                           + [ctypes.c_int64] * 2)
+    g = torch.Generator().manual_seed(q_heads * d)
+    tokens, blocks, block_size, max_positions = 4, 4, 4, 64
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * d, generator=g).bfloat16()
+    q = qkv[:, : q_heads * d].view(tokens, q_heads, d)
+    k = qkv[:, q_heads * d: (q_heads + kv_heads) * d].view(tokens, kv_heads, d)
+    v = qkv[:, (q_heads + kv_heads) * d:].view(tokens, kv_heads, d)
+    cos_sin = parts.reference("05", "rope_tables").cos_sin_cache(d, 500000.0, None, max_positions)
+    positions = torch.tensor([0, 13, 63, 5])
+    slots = torch.tensor([9, -1, 0, 15])
+    k_cache, v_cache = (torch.randn(blocks, block_size, kv_heads, d, generator=g).bfloat16()
+                        for _ in range(2))
+    want_q, want_k, want_v = q.clone(), k.clone(), v.clone()
+    want_k_cache, want_v_cache = k_cache.clone(), v_cache.clone()
+    parts.reference("13", "cache_write").rope_cache_write_native(
+        want_q, want_k, want_v, positions, cos_sin, want_k_cache, want_v_cache, slots)
+    _ok(fused(q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+              slots.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(), tokens, qkv.shape[1],
+              q_heads, kv_heads, d, blocks * block_size, max_positions))
+    # the rotation rounds as HF does (stage 05): bit-equal to the twin
+    for got, want, what in ((q, want_q, "q"), (k, want_k, "k"), (k_cache, want_k_cache, "k_cache"),
+                            (v_cache, want_v_cache, "v_cache")):
+        torch.testing.assert_close(got, want, atol=0, rtol=0, msg=lambda m: f"{what}: {m}")
+
+
 PREFILL_SHIM = CALL + """
 extern "C" const char* emu_prefill(const void* q, const void* k, const void* v, void* out,
                                    const int32_t* cq, const int32_t* ck, int n_seqs,

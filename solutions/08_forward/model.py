@@ -196,15 +196,28 @@ class LlamaModel:
         c = self.config
         T, d = x.shape[0], self.head_dim
         nh, nkv = c.num_attention_heads, c.num_key_value_heads
-        # BEGIN SOLUTION: qkv linear; q, k, v views; apply_rope_ (check=False); self.attention(index, q, k, v, meta, self.scale); o linear
+        # BEGIN SOLUTION: qkv linear; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear
         qkv = linear(x, layer.qkv)                                  # [T, (nh + 2 nkv) d]
         q = qkv[:, : nh * d].view(T, nh, d)
         k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
-        apply_rope_(q, k, positions, self.cos_sin, check=False)  # check_inputs did it
-        attn = self.attention(index, q, k, v, meta, self.scale)      # [T, nh, d]
+        attn = self.rope_attention(index, q, k, v, positions, meta)  # [T, nh, d]
         return linear(attn.reshape(T, nh * d), layer.o)             # [T, H]
         # END SOLUTION
+
+    def rope_attention(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """RoPE on q and k, then the backend's attention: q [T, nh, d], k, v [T, nkv, d]
+        (views of the qkv projection) -> [T, nh, d].
+
+        A backend whose `applies_rope` is true (stage 13's paged cache) takes the rotation
+        with `rope=(positions, cos_sin)` and does it in the kernel that stores k and v: one
+        kernel of a decode step instead of two. The others get q and k rotated here."""
+        if getattr(self.attention, "applies_rope", False):
+            return self.attention(index, q, k, v, meta, self.scale,
+                                  rope=(positions, self.cos_sin))
+        apply_rope_(q, k, positions, self.cos_sin, check=False)  # check_inputs did it
+        return self.attention(index, q, k, v, meta, self.scale)
 
     def mlp_block(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] (normalized) -> down_proj(silu(gate_proj(x)) * up_proj(x)) [T, H]."""

@@ -57,7 +57,7 @@ namespace {
 constexpr int kMaxHeadDim = 128;
 constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
 constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
-constexpr int kMaxPartitions = 8192; // the reduction keeps one weight per partition in smem
+constexpr int kMaxPartitions = 8192; // bounds the workspace: 136 MB a sequence at 32 heads of 128
 constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
@@ -441,25 +441,14 @@ struct ReduceParams {
   int n_heads, head_dim, partitions, partition_keys, max_keys;
 };
 
-// A block-wide max or sum (kMax): every thread gets the result. `red` holds 32 floats.
-template <bool kMax>
-__device__ float block_reduce(float x, float* red) {
-  for (int delta = 16; delta >= 1; delta >>= 1) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, delta);
-    x = kMax ? fmaxf(x, y) : x + y;
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();  // red may still be read by a previous call
-  if (lane == 0) red[warp] = x;
-  __syncthreads();
-  x = red[0];
-  for (int w = 1; w < warps; ++w) x = kMax ? fmaxf(x, red[w]) : x + red[w];
-  return x;
-}
-
 // Split-K, second kernel: one block per (sequence, query head) merges the partitions that
 // hold keys (ceil(len / partition_keys) of them):
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
+// Threads as [rows][d / 4]: row r merges partitions r, r + rows, ... into its own (m, l, acc)
+// as it loads them -- m_i, l_i and 4 columns of o_i / l_i in one round of loads, the running
+// merge of the warps' states -- then the rows' states are merged once per column. (Weights
+// first and the o rows after them would be two dependent rounds of memory latency after the
+// wait, each a microsecond of a batch-1 step.)
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   const int b = blockIdx.x / p.n_heads;
@@ -475,34 +464,29 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.partitions;
   const float* ml = p.part_ml + first * 2;
   const float* o = p.part_o + first * d;
-  __shared__ float red[32];
-  extern __shared__ float s_w[];  // [partitions] weights, then [rows][d] partial sums
-  // BEGIN SOLUTION: M = block max of m_i over the used partitions; w_i = l_i * exp2(m_i - M) into s_w and their block sum `total` | const float total = 0.f;
-  float top = -INFINITY;
-  for (int i = threadIdx.x; i < used; i += blockDim.x) top = fmaxf(top, ml[2 * i]);
-  top = block_reduce<true>(top, red);
-  float total = 0.f;
-  for (int i = threadIdx.x; i < used; i += blockDim.x) {
-    const float w = ml[2 * i + 1] * exp2f(ml[2 * i] - top);
-    s_w[i] = w;
-    total += w;
-  }
-  total = block_reduce<false>(total, red);  // its barriers also publish s_w
-  // END SOLUTION
-
-  // Threads as [rows][d / 4]: each sums w_i * o_i over partitions r, r + rows, ... for 4
-  // columns (16-byte loads); then one thread per column adds the rows up.
   const int cols = d / 4, rows = blockDim.x / cols;
   const int r = threadIdx.x / cols, c4 = threadIdx.x % cols;
-  float* s_acc = s_w + p.partitions;
+  extern __shared__ float s_rows[];  // [rows] m, [rows] l, then [rows][d] acc
+  float* s_m = s_rows;
+  float* s_l = s_rows + rows;
+  float* s_acc = s_rows + 2 * rows;
   if (r < rows) {
-    // BEGIN SOLUTION: acc = sum of s_w[i] * o[i, 4 c4 .. 4 c4 + 3] over i = r, r + rows, ... < used; store it to s_acc[r, 4 c4 ..]
+    // BEGIN SOLUTION: m = -inf, l = 0, acc = 0 (4 floats); per i = r, r + rows, ... < used: load m_i, l_i and o[i, 4 c4 .. 4 c4 + 3]; top = max(m, m_i) (no key yet: m = -inf weighs 0); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; then s_m[r], s_l[r] (c4 == 0) and acc to s_acc[r, 4 c4 ..]
+    float m = -INFINITY, l = 0.f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int i = r; i < used; i += rows) {
-      const float w = s_w[i];
+      const float m_i = ml[2 * i], l_i = ml[2 * i + 1];
       const float4 x = reinterpret_cast<const float4*>(o + static_cast<int64_t>(i) * d)[c4];
-      acc = make_float4(fmaf(w, x.x, acc.x), fmaf(w, x.y, acc.y), fmaf(w, x.z, acc.z),
-                        fmaf(w, x.w, acc.w));
+      const float top = fmaxf(m, m_i);
+      const float wa = exp2f(m - top), wb = l_i * exp2f(m_i - top);
+      acc = make_float4(fmaf(acc.x, wa, x.x * wb), fmaf(acc.y, wa, x.y * wb),
+                        fmaf(acc.z, wa, x.z * wb), fmaf(acc.w, wa, x.w * wb));
+      l = fmaf(l, wa, wb);
+      m = top;
+    }
+    if (c4 == 0) {
+      s_m[r] = m;
+      s_l[r] = l;
     }
     float* dst = s_acc + r * d + c4 * 4;
     dst[0] = acc.x;
@@ -512,11 +496,19 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
     // END SOLUTION
   }
   __syncthreads();
+  // BEGIN SOLUTION: per column e: M = max of s_m over the rows (row 0 holds partition 0: finite); out[e] = sum_r s_acc[r, e] 2^(s_m[r] - M) / sum_r s_l[r] 2^(s_m[r] - M)
   for (int e = threadIdx.x; e < d; e += blockDim.x) {
-    float sum = 0.f;
-    for (int rr = 0; rr < rows; ++rr) sum += s_acc[rr * d + e];
+    float top = s_m[0];
+    for (int rr = 1; rr < rows; ++rr) top = fmaxf(top, s_m[rr]);
+    float sum = 0.f, total = 0.f;
+    for (int rr = 0; rr < rows; ++rr) {
+      const float w = exp2f(s_m[rr] - top);
+      sum = fmaf(s_acc[rr * d + e], w, sum);
+      total = fmaf(s_l[rr], w, total);
+    }
     out[e] = __float2bfloat16_rn(sum / total);
   }
+  // END SOLUTION
 }
 
 template <int kD, int kR>
@@ -537,8 +529,7 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
     const ReduceParams r{p.part_o,  p.part_ml,    p.out,        p.context_lens,
                          p.n_heads, p.head_dim, p.partitions, p.partition_keys, p.max_keys};
     const int rows = kReduceThreads / (p.head_dim / 4);
-    const size_t reduce_smem =
-        (static_cast<size_t>(p.partitions) + static_cast<size_t>(rows) * p.head_dim) * sizeof(float);
+    const size_t reduce_smem = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
     launch_early(paged_attention_reduce_kernel,
                  static_cast<unsigned>(static_cast<int64_t>(batch) * p.n_heads), kReduceThreads,
                  reduce_smem, stream, r);

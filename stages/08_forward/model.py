@@ -194,8 +194,22 @@ class LlamaModel:
         c = self.config
         T, d = x.shape[0], self.head_dim
         nh, nkv = c.num_attention_heads, c.num_key_value_heads
-        # TODO stage 08: qkv linear; q, k, v views; apply_rope_ (check=False); self.attention(index, q, k, v, meta, self.scale); o linear (about 7 lines)
-        raise NotImplementedError("TODO stage 08: qkv linear; q, k, v views; apply_rope_ (check=False); self.attention(index, q, k, v, meta, self.scale); o linear (about 7 lines)")
+        # TODO stage 08: qkv linear; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear (about 6 lines)
+        raise NotImplementedError("TODO stage 08: qkv linear; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear (about 6 lines)")
+
+    def rope_attention(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """RoPE on q and k, then the backend's attention: q [T, nh, d], k, v [T, nkv, d]
+        (views of the qkv projection) -> [T, nh, d].
+
+        A backend whose `applies_rope` is true (stage 13's paged cache) takes the rotation
+        with `rope=(positions, cos_sin)` and does it in the kernel that stores k and v: one
+        kernel of a decode step instead of two. The others get q and k rotated here."""
+        if getattr(self.attention, "applies_rope", False):
+            return self.attention(index, q, k, v, meta, self.scale,
+                                  rope=(positions, self.cos_sin))
+        apply_rope_(q, k, positions, self.cos_sin, check=False)  # check_inputs did it
+        return self.attention(index, q, k, v, meta, self.scale)
 
     def mlp_block(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] (normalized) -> down_proj(silu(gate_proj(x)) * up_proj(x)) [T, H]."""

@@ -8,6 +8,10 @@
 
 for every token t whose slot is not -1 (a padding row of a CUDA-graph batch writes nowhere).
 `cache_write` sends CUDA tensors to cache_write.cu and CPU tensors to `cache_write_native`.
+
+`rope_cache_write` is stage 05's rope and this store in one kernel: it rotates q and k in
+place, then stores k and v as above (the paged attention backend calls it: one kernel of a
+decode step instead of two).
 """
 from __future__ import annotations
 
@@ -70,3 +74,30 @@ def cache_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache
     if not k.is_cuda:
         return cache_write_native(k, v, k_cache, v_cache, slot_mapping)
     parts.kernels().cache_write(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rope_cache_write_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            positions: torch.Tensor, cos_sin: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor) -> None:
+    """Stage 05's apply_rope_native on q and k (in place), then cache_write_native."""
+    parts.load("05", "rope").apply_rope_native(q, k, positions, cos_sin)
+    cache_write_native(k, v, k_cache, v_cache, slot_mapping)
+
+
+def rope_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> None:
+    """Rotate q and k in place (RoPE), then write k and v into the paged cache: one kernel
+    (cache_write.cu) on CUDA, the twin on CPU.
+
+    q: [T, n_heads, d], k, v: [T, n_kv_heads, d] bf16, each token's heads contiguous (views of
+    the fused qkv tensor are fine); d a multiple of 16, at most 256. positions: [T] int64;
+    cos_sin: [max_positions, d] float32 (stage 05's table). The caches and slot_mapping as
+    for `cache_write`. Like `apply_rope_(check=False)` the CUDA path does not check positions
+    (a token outside the table gets NaN q and k): the engine checks them when a request enters.
+    """
+    if not k.is_cuda:
+        return rope_cache_write_native(q, k, v, positions, cos_sin, k_cache, v_cache,
+                                       slot_mapping)
+    parts.kernels().rope_cache_write(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping)

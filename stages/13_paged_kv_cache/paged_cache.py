@@ -16,7 +16,9 @@ rows of a decode graph write their K/V there and their block tables point at it.
 
 `PagedAttention` is the attention backend over this cache:
 
-    write the new K/V                   -> cache_write (this stage's kernel)
+    rotate q, k and write the new K/V   -> rope_cache_write (this stage's kernel: stage 05's
+                                           rope and the store in one; the model hands the
+                                           rotation over because `applies_rope` is true)
     every sequence has one new token    -> paged_decode_attention (stage 14) over the block tables
     no sequence has cached tokens       -> prefill_attention over the new tokens
     otherwise (a prompt continued, a prefix-cache hit, a recompute after preemption)
@@ -57,7 +59,7 @@ class PagedKVCache:
         shape = (num_blocks, block_size, n_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._write = ops.get("cache_write")
+        self._rope_write = ops.get("rope_cache_write")
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int,
@@ -76,10 +78,12 @@ class PagedKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-              slot_mapping: torch.Tensor) -> None:
-        """Store the new tokens' K and V (views allowed) at their flat rows (-1: nowhere)."""
-        self._write(k, v, self.k[layer], self.v[layer], slot_mapping)
+    def rope_write(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   slot_mapping: torch.Tensor, positions: torch.Tensor,
+                   cos_sin: torch.Tensor) -> None:
+        """Rotate q and k in place (RoPE at `positions`, stage 05's cos_sin table), then store
+        the new tokens' K and V (views allowed) at their flat rows (-1: nowhere): one kernel."""
+        self._rope_write(q, k, v, positions, cos_sin, self.k[layer], self.v[layer], slot_mapping)
 
     def gather(self, layer: int, key_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given flat rows, packed: key_rows [N] int64 -> two [N, kv, d]."""
@@ -103,7 +107,10 @@ def _gathered_decode(q, k_cache, v_cache, block_tables, context_lens, scale, max
 class PagedAttention:
     """The attention backend over a PagedKVCache (see the top)."""
 
+    applies_rope = True     # the model passes rope=(positions, cos_sin) instead of rotating
+
     def __init__(self) -> None:
+        self.rope = ops.get("apply_rope_")
         self.prefill = ops.get("prefill_attention")
         try:
             self.decode = ops.get("paged_decode_attention")
@@ -111,12 +118,15 @@ class PagedAttention:
             self.decode = _gathered_decode
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 meta, scale: float) -> torch.Tensor:
-        """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] of the new tokens -> [T, n_heads, d]."""
+                 meta, scale: float, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] of the new tokens, not yet rotated;
+        rope: (positions [T] int64, cos_sin [max_positions, d] float32) -> [T, n_heads, d]."""
+        positions, cos_sin = rope
         cache = meta.kv_cache
         if cache is None:   # a step without a cache (a warm-up, stage 08's packed_inputs)
+            self.rope(q, k, positions, cos_sin, check=False)
             return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
-        cache.write(layer, k, v, meta.slot_mapping)
+        cache.rope_write(layer, q, k, v, meta.slot_mapping, positions, cos_sin)
         if meta.decode:
             return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,
                                meta.context_lens, scale, max_context=cache.max_len)

@@ -57,7 +57,7 @@ namespace {
 constexpr int kMaxHeadDim = 128;
 constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
 constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
-constexpr int kMaxPartitions = 8192; // the reduction keeps one weight per partition in smem
+constexpr int kMaxPartitions = 8192; // bounds the workspace: 136 MB a sequence at 32 heads of 128
 constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
@@ -309,25 +309,14 @@ struct ReduceParams {
   int n_heads, head_dim, partitions, partition_keys, max_keys;
 };
 
-// A block-wide max or sum (kMax): every thread gets the result. `red` holds 32 floats.
-template <bool kMax>
-__device__ float block_reduce(float x, float* red) {
-  for (int delta = 16; delta >= 1; delta >>= 1) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, delta);
-    x = kMax ? fmaxf(x, y) : x + y;
-  }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  __syncthreads();  // red may still be read by a previous call
-  if (lane == 0) red[warp] = x;
-  __syncthreads();
-  x = red[0];
-  for (int w = 1; w < warps; ++w) x = kMax ? fmaxf(x, red[w]) : x + red[w];
-  return x;
-}
-
 // Split-K, second kernel: one block per (sequence, query head) merges the partitions that
 // hold keys (ceil(len / partition_keys) of them):
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
+// Threads as [rows][d / 4]: row r merges partitions r, r + rows, ... into its own (m, l, acc)
+// as it loads them -- m_i, l_i and 4 columns of o_i / l_i in one round of loads, the running
+// merge of the warps' states -- then the rows' states are merged once per column. (Weights
+// first and the o rows after them would be two dependent rounds of memory latency after the
+// wait, each a microsecond of a batch-1 step.)
 __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
   allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
   const int b = blockIdx.x / p.n_heads;
@@ -343,31 +332,23 @@ __global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(
   const int64_t first = static_cast<int64_t>(blockIdx.x) * p.partitions;
   const float* ml = p.part_ml + first * 2;
   const float* o = p.part_o + first * d;
-  __shared__ float red[32];
-  extern __shared__ float s_w[];  // [partitions] weights, then [rows][d] partial sums
-  // TODO stage 14: M = block max of m_i over the used partitions; w_i = l_i * exp2(m_i - M) into s_w and their block sum `total` (about 10 lines)
-  const float total = 0.f;
-
-  // Threads as [rows][d / 4]: each sums w_i * o_i over partitions r, r + rows, ... for 4
-  // columns (16-byte loads); then one thread per column adds the rows up.
   const int cols = d / 4, rows = blockDim.x / cols;
   const int r = threadIdx.x / cols, c4 = threadIdx.x % cols;
-  float* s_acc = s_w + p.partitions;
+  extern __shared__ float s_rows[];  // [rows] m, [rows] l, then [rows][d] acc
+  float* s_m = s_rows;
+  float* s_l = s_rows + rows;
+  float* s_acc = s_rows + 2 * rows;
   if (r < rows) {
-    // TODO stage 14: acc = sum of s_w[i] * o[i, 4 c4 .. 4 c4 + 3] over i = r, r + rows, ... < used; store it to s_acc[r, 4 c4 ..] (about 12 lines)
+    // TODO stage 14: m = -inf, l = 0, acc = 0 (4 floats); per i = r, r + rows, ... < used: load m_i, l_i and o[i, 4 c4 .. 4 c4 + 3]; top = max(m, m_i) (no key yet: m = -inf weighs 0); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; then s_m[r], s_l[r] (c4 == 0) and acc to s_acc[r, 4 c4 ..] (about 21 lines)
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < d; e += blockDim.x) {
-    float sum = 0.f;
-    for (int rr = 0; rr < rows; ++rr) sum += s_acc[rr * d + e];
-    out[e] = __float2bfloat16_rn(sum / total);
-  }
+  // TODO stage 14: per column e: M = max of s_m over the rows (row 0 holds partition 0: finite); out[e] = sum_r s_acc[r, e] 2^(s_m[r] - M) / sum_r s_l[r] 2^(s_m[r] - M) (about 11 lines)
 }
 
 template <int kD, int kR>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 22 lines)
-  return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 22 lines)";
+  // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 21 lines)
+  return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 21 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16).
