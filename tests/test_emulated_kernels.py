@@ -220,6 +220,10 @@ extern "C" const char* emu_gemv(const void* x, const void* w, void* y, int f32, 
                                 int64_t in_features, int64_t out_features) {
   EMU_CALL(launch_gemv(x, w, y, f32 != 0, tokens, in_features, out_features, nullptr));
 }
+extern "C" const char* emu_gemv_silu_mul(const void* x, const void* w, void* y, int64_t tokens,
+                                         int64_t in_features, int64_t inter) {
+  EMU_CALL(launch_gemv_silu_mul(x, w, y, tokens, in_features, inter, nullptr));
+}
 """
 
 
@@ -250,6 +254,25 @@ def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens
     expected = x.float() @ w.float().t()
     tol = 1e-4 if f32 else 1.6e-2
     torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
+
+
+# (in, inter, tokens): rows of 2 units (2048: groups of 4, two warps per row), 1 (576: groups
+# of 2), 4 (4096: two units per warp), 5 with a partly empty one (4104: groups of 2)
+@pytest.mark.parametrize("in_features,inter,tokens", [
+    (2048, 48, 1), (576, 75, 3), (4096, 20, 2), (4104, 9, 1)])
+def test_gemv_kernel_with_silu_mul_in_the_emulator(in_features, inter, tokens):
+    """The gate_up GEMV with the activation in its epilogue: each output pairs gate row j with
+    up row j + inter; against linear_native then stage 08's silu_mul twin."""
+    fused = _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv_silu_mul",
+                           [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3)
+    g = torch.Generator().manual_seed(in_features + inter + tokens)
+    x = torch.randn(tokens, in_features, generator=g).bfloat16()
+    w = (torch.randn(2 * inter, in_features, generator=g) * in_features ** -0.5).bfloat16()
+    y = torch.full((tokens, inter), 7.0, dtype=torch.bfloat16)
+    _ok(fused(x.data_ptr(), w.data_ptr(), y.data_ptr(), tokens, in_features, inter))
+    plain = parts.reference("06", "linear").linear_native(x, w)
+    expected = parts.reference("08", "activation").silu_mul_native(plain)
+    torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
 
 
 DECODE_SHIM = CALL + """

@@ -1,4 +1,5 @@
 // torch.ops.tinyvllm.linear: checks, then the launcher in gemm.cu on torch's cuBLAS handle.
+// torch.ops.tinyvllm.linear_silu_mul: checks, then gemv.cu's GEMV with the SiLU-mul epilogue.
 #include <ATen/cuda/CUDAContext.h>
 
 #include "binding.h"
@@ -6,6 +7,10 @@
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
                            cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
                            int64_t tokens, int64_t in_features, int64_t out_features, bool gemv);
+bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_features,
+               const void* x, const void* weight);
+tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, int64_t tokens,
+                                  int64_t in_features, int64_t inter, cudaStream_t stream);
 
 namespace {
 
@@ -40,8 +45,34 @@ void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool
                       "linear");
 }
 
+// x: [tokens, in] bf16, weight: [2 inter, in] bf16 (gate rows, then up rows) -> out:
+// [tokens, inter] bf16 = silu(x gate^T) * (x up^T), through the GEMV (1-8 tokens).
+void linear_silu_mul(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
+  tvllm::check_tensor(x, "x", at::kBFloat16, 2);
+  tvllm::check_tensor(weight, "weight", at::kBFloat16, 2);
+  tvllm::check_tensor(out, "out", at::kBFloat16, 2);
+  tvllm::check_same_device(x, weight);
+  tvllm::check_same_device(x, out);
+  TORCH_CHECK(weight.size(1) == x.size(1), "linear_silu_mul: x has ", x.size(1),
+              " features but weight is [2 inter, in] = ", weight.sizes(), " (in must match)");
+  TORCH_CHECK(weight.size(0) % 2 == 0, "linear_silu_mul: weight must stack gate and up rows "
+              "([2 inter, in]), got an odd number of rows: ", weight.sizes());
+  TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0) / 2,
+              "linear_silu_mul: out must be [", x.size(0), ", ", weight.size(0) / 2, "], got ",
+              out.sizes());
+  TORCH_CHECK(gemv_fits(true, x.size(0), x.size(1), weight.size(0), x.data_ptr(), weight.data_ptr()),
+              "linear_silu_mul runs on the GEMV: 1-8 tokens, in_features a multiple of 8, "
+              "16-byte aligned x and weight; got x ", x.sizes(), " and weight ", weight.sizes());
+  c10::cuda::CUDAGuard guard(x.device());
+  tvllm::check_launch(launch_gemv_silu_mul(x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                                           x.size(0), x.size(1), weight.size(0) / 2,
+                                           tvllm::stream()),
+                      "linear_silu_mul");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv) -> ()", &linear);
+  m.def("linear_silu_mul(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear_silu_mul);
 }

@@ -21,6 +21,14 @@
 //     their sums with shuffles; lane 0 writes y[t, row] for every token t, or, in a group,
 //     the warps' sums meet in shared memory and the group's first warp adds and writes them.
 //
+// The MLP's gate_up projection can end in its activation here: with `pair` = I, output column
+// j of y is silu(x . w[j]) * (x . w[j + I]) -- gate row j and up row j + I, the halves of the
+// fused gate_up weight -- and y is [tokens, I]. A group then holds both rows (2 or 4 warps:
+// the first half of the group on the gate row, the second on the up row), its first warp
+// rounds both sums to bf16 as the GEMV's output would be and applies stage 08's silu_mul with
+// HF's roundings (silu_mul_one below): bit-equal to linear then silu_mul, without the
+// [tokens, 2I] round trip and, in a batch-1 decode step, without the SiLU-mul kernel.
+//
 // Each weight byte is read once, by one lane; a lane reads back only the slots it filled, so
 // the ring needs no barrier (a group's sums do: one __syncthreads per row). float32
 // accumulation, one rounding at the end, like cuBLAS with CUBLAS_COMPUTE_32F: the result
@@ -71,27 +79,32 @@ __device__ __forceinline__ void fma_piece(float (&acc)[kTokens], const BF8& w,
   // TODO stage 06: widen w once; for each token t < tokens: load its x piece (__ldg), 8 fmaf into acc[t] (about 11 lines)
 }
 
-// Who reads which unit. A row has `per_row` units (ceil(in / 1024)); a group of `group`
-// consecutive warps of one block shares each row -- 4, 2 or 1 warps, the most that divides
-// per_row -- member m taking the row's units m, m + group, m + 2 group, ... (per_warp of
-// them); group gid of the grid's `groups` takes rows gid, gid + groups, ... So the warps of
-// the grid read neighbouring memory at the same time: at 8192 columns, a block reads 8 KB of
-// one row and the next block the same 8 KB of the next row. (With 4 KB units and a warp per
-// row, the grid read 4 KB of every 16 KB at a time, and DRAM served that pattern at two
-// thirds of the rate.)
+// Who reads which unit. A weight row has `per_row` units (ceil(in / 1024)); a group of
+// `group` consecutive warps of one block computes each output -- `half` warps per weight row,
+// 4, 2 or 1 of them, the most that divides per_row (with `pair`, at most 2 per row, since the
+// group holds two rows) -- member m taking units m % half, m % half + half, ... (per_warp of
+// them) of the output's gate row (m < half) or up row (m >= half; without `pair`, every member
+// is on the one row). Group gid of the grid's `groups` takes outputs gid, gid + groups, ... So
+// the warps of the grid read neighbouring memory at the same time: at 8192 columns, a block
+// reads 8 KB of one row and the next block the same 8 KB of the next row. (With 4 KB units and
+// a warp per row, the grid read 4 KB of every 16 KB at a time, and DRAM served that pattern at
+// two thirds of the rate.)
 struct Plan {
-  int group, per_warp, groups;
+  int group, half, per_warp, groups, pair;
 };
 
-// The warps that share a row of `pieces` 16-byte pieces (the launcher sizes the grid with it).
-__host__ __device__ __forceinline__ int group_of(int pieces) {
+// The warps that compute one output from rows of `pieces` 16-byte pieces, one row or (paired)
+// two (the launcher sizes the grid with it).
+__host__ __device__ __forceinline__ int group_of(int pieces, bool paired) {
   const int per_row = (pieces + kUnit - 1) / kUnit;
+  if (paired) return per_row % 2 == 0 ? 4 : 2;
   return per_row % 4 == 0 ? 4 : per_row % 2 == 0 ? 2 : 1;
 }
 
-__device__ __forceinline__ Plan plan_of(int pieces, int warps) {
-  const int per_row = (pieces + kUnit - 1) / kUnit, group = group_of(pieces);
-  return Plan{group, per_row / group, warps / group};
+__device__ __forceinline__ Plan plan_of(int pieces, int warps, int pair) {
+  const int per_row = (pieces + kUnit - 1) / kUnit, group = group_of(pieces, pair > 0);
+  const int half = pair > 0 ? group / 2 : group;
+  return Plan{group, half, per_row / half, warps / group, pair};
 }
 
 // Rows of group gid: gid, gid + groups, ... below out_features.
@@ -99,14 +112,25 @@ __device__ __forceinline__ int rows_of(int gid, int groups, int out_features) {
   return gid < out_features ? (out_features - gid + groups - 1) / groups : 0;
 }
 
-// Which weights unit i of a warp is: its row and its first piece. A warp's units run through
-// its rows in order, in each its share of the row's units left to right.
+// Which weights unit i of a warp is: its output (y's column), its weight row and its first
+// piece. A warp's units run through its outputs in order, in each its share of its row's units
+// left to right.
 struct Unit {
-  int row, first;
+  int out, row, first;
 };
 __device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, int member) {
-  return Unit{gid + (i / plan.per_warp) * plan.groups,
-              (member + (i % plan.per_warp) * plan.group) * kUnit};
+  const int out = gid + (i / plan.per_warp) * plan.groups;
+  return Unit{out, out + (member / plan.half) * plan.pair,
+              (member % plan.half + (i % plan.per_warp) * plan.half) * kUnit};
+}
+
+// y of a paired output: the gate and up sums rounded to bf16 (what the GEMV would store), then
+// stage 08's silu_mul_one -- silu(gate) in float32 rounded to bf16, times up, rounded -- so the
+// fused GEMV equals linear followed by silu_mul bit for bit.
+__device__ __forceinline__ float silu_mul_of(float gate_sum, float up_sum) {
+  const float g = __bfloat162float(__float2bfloat16(gate_sum));
+  const float act = __bfloat162float(__float2bfloat16(g / (1.0f + expf(-g))));
+  return act * __bfloat162float(__float2bfloat16(up_sum));
 }
 
 // This lane's copies of unit i (if the warp has one) into ring slot i % kStages, as one group:
@@ -127,17 +151,18 @@ __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, i
   copies_commit();
 }
 
-// x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] of OutT; in % 8 == 0, x and
-// weight 16-byte aligned, tokens <= kTokens. Dynamic shared memory: smem_bytes<kTokens>().
+// x: [tokens, in] bf16, weight: [out, in] bf16 (pair > 0: [out + pair, in], gate rows then up
+// rows, pair == out), y: [tokens, out] of OutT (bf16 when paired); in % 8 == 0, x and weight
+// 16-byte aligned, tokens <= kTokens. Dynamic shared memory: smem_bytes<kTokens>().
 template <int kTokens, typename OutT>
 __global__ void __launch_bounds__(kThreads)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
-            OutT* __restrict__ y, int tokens, int in_features, int out_features) {
+            OutT* __restrict__ y, int tokens, int in_features, int out_features, int pair) {
   extern __shared__ uint4 smem[];
   allow_next_kernel_to_start();  // the kernel after it may be scheduled (it waits for all of this)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int pieces = in_features / 8;
-  const Plan plan = plan_of(pieces, gridDim.x * kWarps);
+  const Plan plan = plan_of(pieces, gridDim.x * kWarps, pair);
   const int gw = blockIdx.x * kWarps + warp;
   const int gid = gw / plan.group, member = gw % plan.group;
   const int units = rows_of(gid, plan.groups, out_features) * plan.per_warp;
@@ -152,7 +177,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   float acc[kTokens];
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
-  // TODO stage 06: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per step i < steps: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces of unit i (if i < units); at the warp's last unit of a row, butterfly sums; a warp alone on its row: lane 0 writes y[t, row]; a group: lane 0 stores them to partial, __syncthreads(), then lane t of the group's first warp adds the group's partials of token t and writes y[t, row]; acc back to 0 (about 39 lines)
+  // TODO stage 06: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per step i < steps: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces of unit i (if i < units); at the warp's last unit of an output, butterfly sums; a warp alone on its output: lane 0 writes y[t, out]; a group: lane 0 stores them to partial, __syncthreads(), then lane t of the group's first warp adds the group's partials of token t -- paired: the first half's (gate) and the second half's (up), then silu_mul_of -- and writes y[t, out]; acc back to 0 (about 43 lines)
 }
 
 namespace {
@@ -176,27 +201,27 @@ int resident_blocks(Kernel kernel, size_t smem) {
 
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
-                    int in_features, int out_features, cudaStream_t stream) {
+                    int in_features, int out_features, int pair, cudaStream_t stream) {
   // only code built for sm_90 or later has the wait, and TINYVLLM_PDL=0 says no (pdl.cuh)
   static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
   constexpr size_t smem = smem_bytes<kTokens>();
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>, smem);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
-  // a row keeps group_of(its pieces) warps busy
-  const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8);
+  // an output keeps group_of(its pieces) warps busy
+  const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
   // TODO stage 06: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 14 lines)
   return "TODO stage 06: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 14 lines)";
 }
 
 template <typename OutT>
 tvllm_status launch_tokens(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
-                           int tokens, int in_features, int out_features,
+                           int tokens, int in_features, int out_features, int pair,
                            cudaStream_t stream) {
   // The smallest instance that holds `tokens`: acc[] lives in registers, so no larger.
-  if (tokens == 1) return launch<1>(x, weight, y, tokens, in_features, out_features, stream);
-  if (tokens == 2) return launch<2>(x, weight, y, tokens, in_features, out_features, stream);
-  if (tokens <= 4) return launch<4>(x, weight, y, tokens, in_features, out_features, stream);
-  return launch<8>(x, weight, y, tokens, in_features, out_features, stream);
+  if (tokens == 1) return launch<1>(x, weight, y, tokens, in_features, out_features, pair, stream);
+  if (tokens == 2) return launch<2>(x, weight, y, tokens, in_features, out_features, pair, stream);
+  if (tokens <= 4) return launch<4>(x, weight, y, tokens, in_features, out_features, pair, stream);
+  return launch<8>(x, weight, y, tokens, in_features, out_features, pair, stream);
 }
 
 }  // namespace
@@ -221,6 +246,20 @@ tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32,
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, stream)
-               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, stream);
+  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, 0, stream)
+               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, 0, stream);
+}
+
+// y = silu(x @ gate^T) * (x @ up^T) for weight = [gate; up]: x [tokens, in] bf16, weight
+// [2 inter, in] bf16, y [tokens, inter] bf16 (the MLP's gate_up projection and its
+// activation in one pass); gemv_fits must hold for x and weight.
+tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, int64_t tokens,
+                                  int64_t in_features, int64_t inter, cudaStream_t stream) {
+  if (inter <= 0 || !gemv_fits(true, tokens, in_features, 2 * inter, x, weight))
+    return "gemv silu_mul: needs 1-8 tokens, in_features a multiple of 8, an even number of "
+           "weight rows and 16-byte aligned x and weight";
+  const int n = static_cast<int>(inter);
+  return launch_tokens(static_cast<const __nv_bfloat16*>(x),
+                       static_cast<const __nv_bfloat16*>(weight), static_cast<__nv_bfloat16*>(y),
+                       static_cast<int>(tokens), static_cast<int>(in_features), n, n, stream);
 }

@@ -13,14 +13,17 @@ the input dtype, then multiplied by up in float32 and rounded again (two bf16 te
 HF). In float32 both roundings are exact no-ops, so the twin is plain silu(gate) * up.
 
 `silu_mul` sends CUDA tensors to the kernel in activation.cu (bf16 only) and CPU tensors to
-`silu_mul_native`.
+`silu_mul_native`. `linear_silu_mul` is the MLP's first half, the gate_up projection and this
+activation: for one bf16 token on CUDA (a batch-1 decode step) stage 06's GEMV computes the
+pair of rows of each output and applies the activation in its epilogue, one kernel instead of
+two; anywhere else it is `linear` then `silu_mul`.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from course import parts
+from course import ops, parts
 
 
 def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,4 +60,22 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if out is None:
         out = torch.empty((x.shape[0], x.shape[1] // 2), dtype=x.dtype, device=x.device)
     parts.kernels().silu_mul(x.contiguous(), out)
+    return out
+
+
+def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate^T) * (x @ up^T) for the fused weight gate_up = cat(gate, up).
+
+    x: [tokens, H], gate_up: [2 * inter, H], one dtype -> [tokens, inter]. One bf16 token on
+    CUDA with 16-byte aligned rows: stage 06's GEMV with the activation in its epilogue
+    (gemv.cu, the same roundings as linear then silu_mul); otherwise those two ops.
+    """
+    gemv_takes = (x.is_cuda and x.dtype == torch.bfloat16 and gate_up.dtype == torch.bfloat16
+                  and x.shape[0] == 1 and x.shape[1] % 8 == 0 and x.is_contiguous()
+                  and gate_up.is_contiguous() and x.data_ptr() % 16 == 0
+                  and gate_up.data_ptr() % 16 == 0 and gate_up.shape[0] % 2 == 0)
+    if not gemv_takes:
+        return silu_mul(ops.get("linear")(x, gate_up))
+    out = torch.empty((1, gate_up.shape[0] // 2), dtype=x.dtype, device=x.device)
+    parts.kernels().linear_silu_mul(x, gate_up, out)
     return out

@@ -260,3 +260,46 @@ def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph):
                             what=f"GEMV after the kernel that writes x (step {step})",
                             hint="read x (and write y) only after wait_for_previous_kernel(): "
                                  "before it, only the weights are safe to load")
+
+
+# The MLP's gate_up projection with its activation in the GEMV's epilogue (gemv.cu, `pair`):
+# output j is silu(x . gate[j]) * (x . up[j]), each group holding a gate row and an up row.
+SILU_HINT = (
+    "with pair = inter, output j's group is 2 or 4 warps: the first half on gate row j, the "
+    "second half on up row j + inter (unit_of gives each member its row); the group's first warp "
+    "adds each half's partial sums, rounds both to bf16 and applies silu_mul_of; y is "
+    "[tokens, inter], so it writes column u.out, not the weight row")
+
+# (in, inter): Llama-3.2-1B's and SmolLM2's MLPs (2 and 1 units per row: groups of 4 and 2),
+# 4 units per row (two per warp), and rows of an odd number of partly empty units.
+SILU_SHAPES = [(2048, 8192), (576, 1536), (4096, 64), (2056, 13), (72, 100)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+@pytest.mark.parametrize("in_features,inter", SILU_SHAPES, ids=lambda v: str(v))
+def test_gemv_silu_mul_equals_linear_then_silu_mul(seed, tokens, in_features, inter):
+    """Against the plain GEMV's output then stage 08's silu_mul twin (the same roundings: equal
+    but for a sum that lands on a bf16 rounding boundary), and against the float32 oracle."""
+    x, w = make_inputs(checks.generator("cuda", seed), tokens, in_features, 2 * inter)
+    out = checks.poison(torch.empty((tokens, inter), dtype=torch.bfloat16, device="cuda"))
+    parts.kernels().linear_silu_mul(x, w, out)
+    plain = linear_op().linear(x, w, gemv=True)
+    torch.cuda.synchronize()
+    silu_mul_native = parts.reference("08", "activation").silu_mul_native
+    checks.assert_close(out, silu_mul_native(plain), what="linear_silu_mul vs linear (GEMV) "
+                        "then silu_mul_native", dtype=torch.bfloat16, hint=SILU_HINT)
+    oracle = silu_mul_native(F.linear(x.float(), w.float()))
+    checks.assert_close(out, oracle, what="linear_silu_mul vs the float32 oracle",
+                        dtype=torch.bfloat16, hint=SILU_HINT)
+
+
+@pytest.mark.gpu
+def test_gemv_silu_mul_refuses_what_it_cannot_run(seed):
+    x, w = make_inputs(checks.generator("cuda", seed), 9, 256, 64)
+    with pytest.raises(RuntimeError, match="1-8 tokens"):
+        parts.kernels().linear_silu_mul(x, w, torch.empty(9, 32, dtype=torch.bfloat16,
+                                                          device="cuda"))
+    with pytest.raises(RuntimeError, match="odd number of rows"):
+        parts.kernels().linear_silu_mul(x[:1], w[:63], torch.empty(1, 31, dtype=torch.bfloat16,
+                                                                   device="cuda"))
