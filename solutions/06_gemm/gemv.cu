@@ -124,16 +124,25 @@ __device__ __forceinline__ int rows_of(int gid, int groups, int out_features) {
   return gid < out_features ? (out_features - gid + groups - 1) / groups : 0;
 }
 
+// A warp's place in its group, worked out once: its first unit of a row (member % half) and
+// how far its weight row lies from the output's (the up half: pair rows further). Divisions
+// per unit would cost the GEMV its speed: it is as fast as its warps issue their copies.
+struct Member {
+  int lead, shift;
+};
+__device__ __forceinline__ Member member_of(int member, const Plan& plan) {
+  return Member{member % plan.half, member / plan.half * plan.pair};
+}
+
 // Which weights unit i of a warp is: its output (y's column), its weight row and its first
 // piece. A warp's units run through its outputs in order, in each its share of its row's units
 // left to right.
 struct Unit {
   int out, row, first;
 };
-__device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, int member) {
+__device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, const Member& m) {
   const int out = gid + (i / plan.per_warp) * plan.groups;
-  return Unit{out, out + (member / plan.half) * plan.pair,
-              (member % plan.half + (i % plan.per_warp) * plan.half) * kUnit};
+  return Unit{out, out + m.shift, (m.lead + (i % plan.per_warp) * plan.half) * kUnit};
 }
 
 // y of a paired output: the gate and up sums rounded to bf16 (what the GEMV would store), then
@@ -148,8 +157,8 @@ __device__ __forceinline__ float silu_mul_of(float gate_sum, float up_sum) {
 // This lane's copies of unit i (if the warp has one) into ring slot i % kStages, as one group:
 // one group per unit, empty or not, so copies_wait counts units.
 __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, int units,
-                                      const Plan& plan, int gid, int member, int pieces,
-                                      int lane) {
+                                      const Plan& plan, int gid, const Member& member,
+                                      int pieces, int lane) {
   if (i < units) {
     const Unit u = unit_of(i, plan, gid, member);
     const uint4* src = weight + static_cast<int64_t>(u.row) * pieces;
@@ -177,6 +186,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   const Plan plan = plan_of(pieces, gridDim.x * kWarps, pair);
   const int gw = blockIdx.x * kWarps + warp;
   const int gid = gw / plan.group, member = gw % plan.group;
+  const Member me = member_of(member, plan);
   const int units = rows_of(gid, plan.groups, out_features) * plan.per_warp;
   // Every warp of the block runs as many steps as its first group has units (the most), so
   // all of them reach each barrier; a warp past its own units computes nothing.
@@ -191,13 +201,13 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   for (int t = 0; t < kTokens; ++t) acc[t] = 0.f;
   // BEGIN SOLUTION: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per step i < steps: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces of unit i (if i < units); at the warp's last unit of an output, butterfly sums; a warp alone on its output: lane 0 writes y[t, out]; a group: lane 0 stores them to partial, __syncthreads(), then lane t of the group's first warp adds the group's partials of token t -- paired: the first half's (gate) and the second half's (up), then silu_mul_of -- and writes y[t, out]; acc back to 0
   // The first units are requested before the wait: they overlap the previous kernel.
-  for (int i = 0; i < kStages - 1; ++i) fetch(ring, w, i, units, plan, gid, member, pieces, lane);
+  for (int i = 0; i < kStages - 1; ++i) fetch(ring, w, i, units, plan, gid, me, pieces, lane);
   wait_for_previous_kernel();
   for (int i = 0; i < steps; ++i) {
     // into the slot unit i - 1 used: this lane has read its pieces of it
-    fetch(ring, w, i + kStages - 1, units, plan, gid, member, pieces, lane);
+    fetch(ring, w, i + kStages - 1, units, plan, gid, me, pieces, lane);
     copies_wait<kStages - 1>();  // this lane's copies of unit i have landed
-    const Unit u = unit_of(i, plan, gid, member);
+    const Unit u = unit_of(i, plan, gid, me);
     if (i < units) {
       const uint4* slot = ring + (i % kStages) * kUnit;
 #pragma unroll

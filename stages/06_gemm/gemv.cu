@@ -112,16 +112,25 @@ __device__ __forceinline__ int rows_of(int gid, int groups, int out_features) {
   return gid < out_features ? (out_features - gid + groups - 1) / groups : 0;
 }
 
+// A warp's place in its group, worked out once: its first unit of a row (member % half) and
+// how far its weight row lies from the output's (the up half: pair rows further). Divisions
+// per unit would cost the GEMV its speed: it is as fast as its warps issue their copies.
+struct Member {
+  int lead, shift;
+};
+__device__ __forceinline__ Member member_of(int member, const Plan& plan) {
+  return Member{member % plan.half, member / plan.half * plan.pair};
+}
+
 // Which weights unit i of a warp is: its output (y's column), its weight row and its first
 // piece. A warp's units run through its outputs in order, in each its share of its row's units
 // left to right.
 struct Unit {
   int out, row, first;
 };
-__device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, int member) {
+__device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, const Member& m) {
   const int out = gid + (i / plan.per_warp) * plan.groups;
-  return Unit{out, out + (member / plan.half) * plan.pair,
-              (member % plan.half + (i % plan.per_warp) * plan.half) * kUnit};
+  return Unit{out, out + m.shift, (m.lead + (i % plan.per_warp) * plan.half) * kUnit};
 }
 
 // y of a paired output: the gate and up sums rounded to bf16 (what the GEMV would store), then
@@ -136,8 +145,8 @@ __device__ __forceinline__ float silu_mul_of(float gate_sum, float up_sum) {
 // This lane's copies of unit i (if the warp has one) into ring slot i % kStages, as one group:
 // one group per unit, empty or not, so copies_wait counts units.
 __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, int units,
-                                      const Plan& plan, int gid, int member, int pieces,
-                                      int lane) {
+                                      const Plan& plan, int gid, const Member& member,
+                                      int pieces, int lane) {
   if (i < units) {
     const Unit u = unit_of(i, plan, gid, member);
     const uint4* src = weight + static_cast<int64_t>(u.row) * pieces;
@@ -165,6 +174,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   const Plan plan = plan_of(pieces, gridDim.x * kWarps, pair);
   const int gw = blockIdx.x * kWarps + warp;
   const int gid = gw / plan.group, member = gw % plan.group;
+  const Member me = member_of(member, plan);
   const int units = rows_of(gid, plan.groups, out_features) * plan.per_warp;
   // Every warp of the block runs as many steps as its first group has units (the most), so
   // all of them reach each barrier; a warp past its own units computes nothing.
