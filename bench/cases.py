@@ -1,4 +1,4 @@
-"""The benchmark cases: each op of stages 03-09 at Llama-3.2-1B sizes beside its torch twin."""
+"""The benchmark cases: each op of stages 03-14 at Llama-3.2-1B sizes beside its torch twin."""
 from __future__ import annotations
 
 import inspect
@@ -193,29 +193,36 @@ def _hf_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     return q, k
 
 
-def rope_cases(ops: Ops) -> Iterator[Case]:
-    fn, why = ops.get("apply_rope_")
-    tables, why_tables = ops.get("cos_sin_cache")
-    raw = ops.raw("apply_rope")
-    cos_sin = None
+def _cos_sin_table(ops: Ops) -> tuple[torch.Tensor, str | None]:
+    """Stage 05's cos/sin table; if it cannot be built, a plain torch one (cos | sin of
+    pos * theta^(-2i/d)) so the torch column still runs, and why ours does not."""
+    tables, why = ops.get("cos_sin_cache")
     if tables is not None:
         try:
-            cos_sin = tables(HEAD_DIM, 500000.0, None, ROPE_POSITIONS, torch.device(DEVICE))
-        except Exception as e:  # the torch column still runs
-            why_tables = f"error: cos_sin_cache: {type(e).__name__}: {e}"
-    if cos_sin is None:
-        # Plain torch table (cos | sin of pos * theta^(-2i/d)) so the torch column still runs.
-        inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
-        ang = torch.arange(ROPE_POSITIONS, dtype=torch.float32)[:, None] * inv[None, :]
-        cos_sin = torch.cat((ang.cos(), ang.sin()), dim=-1).to(DEVICE)
-        why = why or why_tables
+            return tables(HEAD_DIM, 500000.0, None, ROPE_POSITIONS, torch.device(DEVICE)), None
+        except Exception as e:
+            why = f"error: cos_sin_cache: {type(e).__name__}: {e}"
+    inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
+    ang = torch.arange(ROPE_POSITIONS, dtype=torch.float32)[:, None] * inv[None, :]
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).to(DEVICE), why
+
+
+def _rope_set(g: torch.Generator, T: int) -> dict:
+    """q [T, 32, 64] and k [T, 8, 64] bf16 at T consecutive positions of the table."""
+    start = int(torch.randint(0, ROPE_POSITIONS - T + 1, (1,), generator=g, device=DEVICE))
+    return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
+            "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
+            "pos": torch.arange(start, start + T, dtype=torch.int64, device=DEVICE)}
+
+
+def rope_cases(ops: Ops) -> Iterator[Case]:
+    fn, why = ops.get("apply_rope_")
+    raw = ops.raw("apply_rope")
+    cos_sin, why_tables = _cos_sin_table(ops)
+    why = why or why_tables
     for T in TOKENS:
         def make_set(g, T=T):
-            start = int(torch.randint(0, ROPE_POSITIONS - T + 1, (1,), generator=g,
-                                      device=DEVICE))
-            return {"q": _gen_randn((T, N_HEADS, HEAD_DIM), g),
-                    "k": _gen_randn((T, N_KV_HEADS, HEAD_DIM), g),
-                    "pos": torch.arange(start, start + T, dtype=torch.int64, device=DEVICE)}
+            return _rope_set(g, T)
         flag = torch.zeros(1, dtype=torch.int32, device=DEVICE)
         if why is None and raw is not None:
             def ours(s, flag=flag):
@@ -235,6 +242,40 @@ def rope_cases(ops: Ops) -> Iterator[Case]:
         yield Case("rope", str(T), 2 * qk + T * 8 + T * HEAD_DIM * 4, make_set,
                    torch_fn=lambda s: _hf_rope_(s["q"], s["k"], s["pos"], cos_sin),
                    ours_fn=ours, via=via, skip=None if ours else why)
+
+
+def rope_cache_write_cases(ops: Ops) -> Iterator[Case]:
+    """Stage 13's rope_cache_write (q and k rotated in place, k and v stored at their slots of
+    a cache of 2T rows) beside transformers' rope then torch's index_copy_."""
+    fn, why = ops.get("rope_cache_write")
+    cos_sin, why_tables = _cos_sin_table(ops)
+    why = why or why_tables
+    for T in TOKENS:
+        def make_set(g, T=T):
+            s = _rope_set(g, T)
+            s["v"] = _gen_randn((T, N_KV_HEADS, HEAD_DIM), g)
+            s["slots"] = torch.randperm(2 * T, generator=g, device=DEVICE)[:T]
+            s["kc"] = _gen_randn((2 * T, 1, N_KV_HEADS, HEAD_DIM), g)
+            s["vc"] = _gen_randn((2 * T, 1, N_KV_HEADS, HEAD_DIM), g)
+            return s
+
+        def torch_fn(s):
+            _hf_rope_(s["q"], s["k"], s["pos"], cos_sin)
+            for src, cache in ((s["k"], s["kc"]), (s["v"], s["vc"])):
+                cache.view(-1, N_KV_HEADS, HEAD_DIM).index_copy_(0, s["slots"], src)
+            return s["q"], s["k"], s["kc"], s["vc"]
+
+        ours = None
+        if fn is not None and why is None:
+            def ours(s):
+                fn(s["q"], s["k"], s["v"], s["pos"], cos_sin, s["kc"], s["vc"], s["slots"])
+                return s["q"], s["k"], s["kc"], s["vc"]
+        kv = T * N_KV_HEADS * HEAD_DIM * 2
+        qk = T * N_HEADS * HEAD_DIM * 2 + kv
+        # q and k read and written, v read, k and v stored, positions and slots, cos/sin rows
+        yield Case("rope_cache_write", str(T), 2 * qk + 3 * kv + T * 16 + T * HEAD_DIM * 4,
+                   make_set, torch_fn=torch_fn, ours_fn=ours,
+                   via=ops.via("rope_cache_write") if ours else "", skip=None if ours else why)
 
 
 def silu_mul_cases(ops: Ops) -> Iterator[Case]:
@@ -495,6 +536,7 @@ FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "rmsnorm": rmsnorm_cases,
     "fused_add_rmsnorm": fused_add_rmsnorm_cases,
     "rope": rope_cases,
+    "rope_cache_write": rope_cache_write_cases,
     "silu_mul": silu_mul_cases,
     "argmax": argmax_cases,
     "linear": linear_cases,

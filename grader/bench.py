@@ -39,6 +39,7 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "rmsnorm": ("rmsnorm",),
     "fused_add_rmsnorm": ("fused_add_rmsnorm",),
     "rope": ("apply_rope_",),
+    "rope_cache_write": ("rope_cache_write",),
     "silu_mul": ("silu_mul",),
     "argmax": ("argmax",),
     "linear": ("linear",),
