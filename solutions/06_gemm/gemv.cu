@@ -26,8 +26,10 @@
 // fused gate_up weight -- and y is [tokens, I]. A group then holds both rows (2 or 4 warps:
 // the first half of the group on the gate row, the second on the up row), its first warp
 // rounds both sums to bf16 as the GEMV's output would be and applies stage 08's silu_mul with
-// HF's roundings (silu_mul_one below): bit-equal to linear then silu_mul, without the
-// [tokens, 2I] round trip and, in a batch-1 decode step, without the SiLU-mul kernel.
+// HF's roundings (silu_mul_of below): the roundings of linear then silu_mul (bit-equal when
+// a row is split between as many warps as the plain GEMV splits it, as at 576 and 2048
+// columns), without the [tokens, 2I] round trip and, in a batch-1 decode step, without the
+// SiLU-mul kernel.
 //
 // Each weight byte is read once, by one lane; a lane reads back only the slots it filled, so
 // the ring needs no barrier (a group's sums do: one __syncthreads per row). float32
@@ -147,7 +149,7 @@ __device__ __forceinline__ Unit unit_of(int i, const Plan& plan, int gid, const 
 
 // y of a paired output: the gate and up sums rounded to bf16 (what the GEMV would store), then
 // stage 08's silu_mul_one -- silu(gate) in float32 rounded to bf16, times up, rounded -- so the
-// fused GEMV equals linear followed by silu_mul bit for bit.
+// fused GEMV rounds where linear followed by silu_mul does.
 __device__ __forceinline__ float silu_mul_of(float gate_sum, float up_sum) {
   const float g = __bfloat162float(__float2bfloat16(gate_sum));
   const float act = __bfloat162float(__float2bfloat16(g / (1.0f + expf(-g))));
