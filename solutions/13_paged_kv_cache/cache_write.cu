@@ -184,7 +184,7 @@ tvllm_status launch_rope_cache_write(void* q, void* k, const void* v, void* k_ca
   if (tokens == 0) return TVLLM_OK;
   if (tokens > INT32_MAX) return "more than 2^31 - 1 tokens in one call";
   if (head_dim % 16 || head_dim > kMaxHeadDim)
-    return "rope_cache_write: head_dim must be a multiple of 16, at most 256";
+    return "head_dim must be a multiple of 16, at most 256";
   if (q_stride % 8 || k_stride % 8 || v_stride % 8)
     return "row strides must be multiples of 8 elements (16 bytes)";
   const RopeWrite p{static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),

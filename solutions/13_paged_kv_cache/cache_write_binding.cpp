@@ -1,6 +1,7 @@
 // torch.ops.tinyvllm.cache_write and rope_cache_write: checks (shapes, dtypes, strides,
-// devices only), then cache_write.cu. It reads no device memory on the host (the slot mapping stays where it
-// is), so a decode step that calls it can be captured in a CUDA graph.
+// devices only), then cache_write.cu. They read no device memory on the host (the slot mapping
+// and positions stay where they are), so a decode step that calls them can be captured in a
+// CUDA graph.
 #include "binding.h"
 
 tvllm_status launch_cache_write(const void* k, const void* v, void* k_cache, void* v_cache,
@@ -92,8 +93,7 @@ void rope_cache_write(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const a
               "] (one per token), got ", positions.sizes());
   TORCH_CHECK(cos_sin.size(1) == d, "cos_sin must be [max_positions, ", d, "], got ",
               cos_sin.sizes());
-  TORCH_CHECK(d % 16 == 0 && d <= 256, "rope_cache_write needs head_dim a multiple of 16, at "
-              "most 256, got ", d);
+  // head_dim (a multiple of 16, at most 256) is the launcher's to refuse: check_launch raises
 
   c10::cuda::CUDAGuard guard(k.device());
   tvllm::check_launch(
