@@ -66,5 +66,5 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             return outputs
         plan = StepPlan.build([SeqStep([i], len(seqs[i]) - 1, 1) for i in running], cache)
         hidden = decoder.run([seqs[i][-1] for i in running], plan)
-        tokens = argmax(model.compute_logits(hidden, decoder.rows[: len(running)]))
+        tokens = argmax(model.compute_logits(hidden, None))   # every row is a last token
     # END SOLUTION

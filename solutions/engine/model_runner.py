@@ -205,7 +205,7 @@ class ModelRunner:
                     index = [row[id(s)] for s in seqs]
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
-            rows = self.decoder.rows[: len(seqs)]
+            rows = None     # one token per sequence: every row is a last token
         else:
             positions, meta = plan.metadata(self.cache, model.device)
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]

@@ -216,15 +216,17 @@ class LlamaModel:
         # TODO stage 08: linear_silu_mul with gate_up (linear then your silu_mul; one GEMV kernel at one token), one linear with down (about 2 lines)
         raise NotImplementedError("TODO stage 08: linear_silu_mul with gate_up (linear then your silu_mul; one GEMV kernel at one token), one linear with down (about 2 lines)")
 
-    def compute_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """Logits of the chosen rows: hidden [T, H] (forward's output), rows [R] int64 on the
-        device (usually meta.last_rows) -> [R, V] float32.
+        device (usually meta.last_rows), or None for every row -> [R, V] float32 (R = T).
 
         Only each sequence's last token predicts the next one, so only those rows go through
-        lm_head: an [R, H] x [H, V] product instead of [T, H] x [H, V].
+        lm_head: an [R, H] x [H, V] product instead of [T, H] x [H, V]. In a decode step every
+        row is a sequence's last token; rows=None then skips the copy that selecting them would
+        be (one kernel fewer per step).
         """
-        # TODO stage 08: index_select the rows; lm_head linear with out_dtype=torch.float32 (about 3 lines)
-        raise NotImplementedError("TODO stage 08: index_select the rows; lm_head linear with out_dtype=torch.float32 (about 3 lines)")
+        # TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 and gemv=False (about 7 lines)
+        raise NotImplementedError("TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 and gemv=False (about 7 lines)")
 
 
 def check_prompt(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int) -> None:

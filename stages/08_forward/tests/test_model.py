@@ -88,6 +88,23 @@ def test_packed_sequences(tiny, seed):
                            "sequence's last token)")
 
 
+@pytest.mark.points(1)
+def test_logits_of_every_row(tiny, seed):
+    """compute_logits(hidden, None): the logits of every row, what a decode step asks for
+    (each of its rows is a sequence's last token)."""
+    M = model_mod()
+    m = M.LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    ids = random_prompt(6, tiny.config.vocab_size)
+    tokens, positions, meta = M.packed_inputs([ids], m.device)
+    logits = m.compute_logits(m.forward(tokens, positions, meta), None)
+    hf_logits, _ = equivalence.hf_forward(tiny.hf, ids)
+    assert tuple(logits.shape) == tuple(hf_logits.shape), (
+        f"rows=None must give one row of logits per token: {tuple(hf_logits.shape)}, got "
+        f"{tuple(logits.shape)}")
+    assert_fp32_close(logits, hf_logits, f"{tiny.variant}: logits of every row (rows=None)",
+                      hint="with rows=None take every row of hidden as it is (no index_select)")
+
+
 @pytest.mark.points(3)
 def test_greedy_matches_generate(tiny, seed):
     M = model_mod()
