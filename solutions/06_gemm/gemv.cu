@@ -64,6 +64,10 @@ constexpr int kStages = 3;            // ring slots per warp: 2 units in flight,
 // GEMVs of a batch-1 decode step, back to back in a CUDA graph; 2 KB units 656 us, 3 ring
 // slots of 4 KB 788 us: more warps, not more bytes, is what streams faster.)
 constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
+// Eight blocks per SM, what the rings' shared memory allows: said to the compiler as well, so
+// it allocates registers for them (64 a thread at most; it takes 32-56 either way, and the
+// hint alone made a batch-1 decode step 7 us faster on the H200, docs/gpu-runs.md).
+constexpr int kMinBlocks = 8;
 
 template <int kTokens>
 constexpr size_t smem_bytes() { return kRingBytes + 2 * kWarps * kTokens * sizeof(float); }
@@ -178,7 +182,7 @@ __device__ __forceinline__ void fetch(uint4* ring, const uint4* weight, int i, i
 // rows, pair == out), y: [tokens, out] of OutT (bf16 when paired); in % 8 == 0, x and weight
 // 16-byte aligned, tokens <= kTokens. Dynamic shared memory: smem_bytes<kTokens>().
 template <int kTokens, typename OutT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
 gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
             OutT* __restrict__ y, int tokens, int in_features, int out_features, int pair) {
   extern __shared__ uint4 smem[];
