@@ -65,8 +65,9 @@ constexpr int kStages = 3;            // ring slots per warp: 2 units in flight,
 // slots of 4 KB 788 us: more warps, not more bytes, is what streams faster.)
 constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
 // Eight blocks per SM, what the rings' shared memory allows: said to the compiler as well, so
-// it allocates registers for them (64 a thread at most; it takes 32-56 either way, and the
-// hint alone made a batch-1 decode step 7 us faster on the H200, docs/gpu-runs.md).
+// it allocates registers for them (64 a thread at most: it takes 40-56 with the hint, 32-56
+// without, and the hint alone made a batch-1 decode step 7 us faster on the H200,
+// docs/gpu-runs.md).
 constexpr int kMinBlocks = 8;
 
 template <int kTokens>
