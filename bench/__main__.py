@@ -22,7 +22,8 @@ defines them):
   sweep     B requests of a 128-token prompt, 128 new tokens each, B = 1 ... 256: tok/s.
   ttft      time to first token of a 4,096-token prompt (median of 3 prompts).
   prefix    256 requests sharing a 1,000-token system prompt, 64 new tokens each: ours with
-            prefix caching on and off, transformers in one padded batch.
+            prefix caching on and off (the median of 3 runs, each with its own system
+            prompt), transformers in one padded batch.
   kernels   bench.kernels' table: every op beside torch's, GB/s or TFLOP/s, share of the
             measured copy bandwidth and of a copy of the same bytes.
   profile   bench.profile at batch 1 and 256: each kernel's GPU time in one decode step, the
@@ -267,10 +268,14 @@ def measure_ours(model, work: list[str], plan: Plan, bandwidth: float) -> dict:
             m["ttft"] = runs.first_token_ms(serve, prompts)
         log(f"  TTFT {W.TTFT_PROMPT} tokens: {statistics.median(m['ttft']):.1f} ms")
     if "prefix" in work:
-        reqs = W.shared_prefix(plan.requests, vocab)
+        # A run takes ~0.5 s with caching on: the median of reps runs, each with a system
+        # prompt of its own (seeds 1, 2, ...), so that no run finds the one before it cached.
+        runs_of = [W.shared_prefix(plan.requests, vocab, seed=1 + r) for r in range(plan.reps)]
         for caching in (True, False):
-            with engine_session(model, W.context_len(reqs), prefix_caching=caching) as serve:
-                m[f"prefix_{'on' if caching else 'off'}"] = serve(reqs)
+            with engine_session(model, max(map(W.context_len, runs_of)),
+                                prefix_caching=caching) as serve:
+                timings = sorted(serve(reqs) for reqs in runs_of)
+            m[f"prefix_{'on' if caching else 'off'}"] = timings[len(timings) // 2]
         log(f"  shared prefix: caching on {m['prefix_on'][1] / m['prefix_on'][0]:,.0f} tok/s, "
             f"off {m['prefix_off'][1] / m['prefix_off'][0]:,.0f} tok/s")
     return m
