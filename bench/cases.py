@@ -49,7 +49,7 @@ class Case:
 
 def _gen_randn(shape, g: torch.Generator, scale: float = 1.0,
                dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    from grader import checks
+    from course.testing import checks
     return checks.randn(shape, dtype, device=DEVICE, gen=g, scale=scale)
 
 

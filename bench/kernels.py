@@ -9,7 +9,7 @@ Method (llm.c's dev/cuda, and the course's METHOD):
     it is the ceiling of every memory-bound kernel here; beside each op, a plain copy moving
     the same number of bytes is timed the same way ("same-bytes copy"), because at a few MB
     no kernel, copy included, reaches the 1 GiB copy's rate;
-  - each op's output is checked once against torch (grader.checks tolerances) before it is
+  - each op's output is checked once against torch (course.testing.checks tolerances) before it is
     timed; a wrong op is reported WRONG and not timed;
   - timing uses CUDA events around one call, after a warm-up, and reports the median of many
     runs; inputs rotate among several freshly drawn sets and the L2 cache is flushed (a read
@@ -58,7 +58,7 @@ def _clone_set(s: dict) -> dict:
 
 def check(case: Case, s: dict) -> str | None:
     """None when ours matches the oracle on set s, else why not (the first lines of it)."""
-    from grader import checks
+    from course.testing import checks
     for buf in case.outs:
         checks.poison(buf)
     got = tuple(t.clone() for t in _as_outputs(case.ours_fn(_clone_set(s))))
@@ -83,11 +83,11 @@ def check(case: Case, s: dict) -> str | None:
 def _check_rows(got: torch.Tensor, expected: torch.Tensor, what: str, exact: bool) -> None:
     """checks.assert_close / assert_equal, prefiltered on the GPU so 1 GB outputs stay fast.
 
-    grader.checks compares in float64 on the CPU; for outputs of millions of elements the
+    course.testing.checks compares in float64 on the CPU; for outputs of millions of elements the
     same criterion runs on the GPU first, and only the rows around the first mismatch go
-    through grader.checks to produce its message.
+    through course.testing.checks to produce its message.
     """
-    from grader import checks
+    from course.testing import checks
     if got.shape != expected.shape or got.dtype != expected.dtype:
         raise AssertionError(f"{what}: expected {expected.dtype} {tuple(expected.shape)}, "
                              f"got {got.dtype} {tuple(got.shape)}")
@@ -123,7 +123,7 @@ def _check_rows(got: torch.Tensor, expected: torch.Tensor, what: str, exact: boo
 def _check_argmax(got: torch.Tensor, expected: torch.Tensor, logits: torch.Tensor,
                   what: str) -> None:
     """Exactly torch.argmax (ties to the lowest index), saying so when only ties differ."""
-    from grader import checks
+    from course.testing import checks
     if got.shape != expected.shape or got.dtype != expected.dtype:
         raise AssertionError(f"{what}: expected {expected.dtype} {tuple(expected.shape)}, "
                              f"got {got.dtype} {tuple(got.shape)}")

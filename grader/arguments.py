@@ -71,7 +71,8 @@ def writable_files(p: argparse.ArgumentParser, **flags: Path | None) -> None:
 
 
 def replay_seed(p: argparse.ArgumentParser) -> None:
-    """TINYVLLM_SEED, read with int() inside each test (grader/checks.py), must be an integer."""
+    """TINYVLLM_SEED, read with int() inside each test (course/testing/checks.py), must be an
+    integer."""
     seed = os.environ.get("TINYVLLM_SEED")
     if seed:
         try:

@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def seed() -> int:
     """A fresh seed for this test; printed, so a failure can be replayed with TINYVLLM_SEED."""
-    from grader import checks
+    from course.testing import checks
     s = checks.fresh_seed()
     print(f"seed {s} (replay: TINYVLLM_SEED={s})")
     return s

@@ -144,7 +144,7 @@ def test_host_breakdown_on_a_cpu_engine(tmp_path):
     up to no more than the step, and the engine's own methods are back afterwards."""
     from bench.profile import host_breakdown
     from course import parts
-    from grader import fixtures
+    from course.testing import fixtures
     from solutions.engine.llm_engine import LLMEngine
     from solutions.engine.model_runner import EngineConfig
     fixtures.save_tiny_llama(tmp_path, "gqa_tied", eos_token_id=None)

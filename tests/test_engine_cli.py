@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import fixtures
+from course.testing import fixtures
 from solutions.engine import __main__ as cli
 from solutions.engine import smollm2
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import fixtures
+from course.testing import fixtures
 
 
 @pytest.mark.gpu

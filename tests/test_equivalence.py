@@ -1,6 +1,6 @@
 """The reference engine (solutions/engine/llm.py) against transformers, on the CPU in float32.
 
-For every tiny random Llama of grader.fixtures, loaded from its saved directory the way a
+For every tiny random Llama of course.testing.fixtures, loaded from its saved directory the way a
 user's model is, the engine's greedy tokens equal transformers' generate(do_sample=False)
 and its last-token logits agree to float32 rounding. For the default model, SmolLM2-135M-
 Instruct (slow), the France prompt gives transformers' tokens and mentions Paris; the
@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from grader import checks, equivalence, fixtures
+from course.testing import checks, equivalence, fixtures
 from solutions.engine import smollm2
 from solutions.engine.llm import LLM
 

@@ -15,7 +15,7 @@ i is therefore max(BF16_TOL, 2 * noise_i): a bug (a wrong head mapping, a missin
 rope at the wrong positions) is an error of order 1, far above it.
 
 Greedy tokens over 32 steps must be equal, except at a proven near-tie
-(grader.equivalence.assert_greedy_agrees).
+(course.testing.equivalence.assert_greedy_agrees).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, equivalence
+from course.testing import checks, equivalence
 
 BF16_TOL = 2e-2
 STEPS = 32

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 SPECIAL_BITS = [
     0x00000000, 0x80000000, 0x3F800000, 0xBF800000, 0x7F800000, 0xFF800000,   # 0, 1, inf

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 CASES = [  # (query lengths, key lengths, n_heads, n_kv_heads, head_dim)
     ([1], [1], 4, 4, 64),

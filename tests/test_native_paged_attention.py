@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 CASES = [  # (context lengths, n_heads, n_kv_heads, head_dim, block_size)
     ([1], 4, 4, 64, 16),

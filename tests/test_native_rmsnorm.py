@@ -8,7 +8,7 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 EPS = 1e-5
 SHAPES = [(1, 576), (7, 2048), (129, 320), (127, 100)]

@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 MAX_POSITIONS = 4096
 LLAMA3 = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, fixtures
+from course.testing import checks, fixtures
 
 
 def paged():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 from solutions.engine import sampler as S
 
 ALPHA = 1e-6          # false-alarm probability of every statistical bound here

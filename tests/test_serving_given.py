@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import fixtures
+from course.testing import fixtures
 
 
 def kv():

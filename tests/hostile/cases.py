@@ -113,7 +113,7 @@ CHEATS = {
     "patch_checks": on_import(
         "import sys\n"
         "try:\n"
-        "    import grader.checks as c\n"
+        "    import course.testing.checks as c\n"
         "    c.assert_close = c.assert_equal = lambda *a, **k: None\n"
         "except Exception: pass\n"
         "import torch.testing; torch.testing.assert_close = lambda *a, **k: None\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from course import parts
-from grader import fixtures
+from course.testing import fixtures
 
 
 def cfg_mod():

@@ -19,7 +19,7 @@ from safetensors.torch import load_file as library_load_file
 from safetensors.torch import save_file
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 
 def st():

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 EPS = 1e-5
 TOKENS = [1, 7, 127, 129, 1031]

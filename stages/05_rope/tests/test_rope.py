@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 THETA = 500000.0
 MAX_POSITIONS = 8192

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 # name: (head_dim, theta, llama3 (factor, low, high, original context) or None)
 CONFIGS = {

@@ -9,7 +9,7 @@ Tolerance: y[t, o] is a sum of `in` products, up to 8192 here. The weights are d
 standard deviation 1/sqrt(in), as a trained Linear's are, so every output is O(1) whatever
 `in` is. Then the float32 accumulation error (about sqrt(in) * 2^-24) is negligible and what
 remains is the one rounding of y to bf16, at most 2^-9 relative: the bf16 tolerance of
-grader.checks (atol 1e-2, rtol 1.6e-2) applies unchanged. Accumulating in bf16, a swapped
+course.testing.checks (atol 1e-2, rtol 1.6e-2) applies unchanged. Accumulating in bf16, a swapped
 operand or a wrong leading dimension all miss it by far more.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 TRANSPOSE_HINT = (
     "cuBLAS is column-major: the row-major x [T, in] is the column-major matrix x^T [in, T], and "

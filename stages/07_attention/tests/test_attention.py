@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 # (n_heads, n_kv_heads, head_dim): SmolLM2-135M, Llama-3.2-1B, plain multi-head, GQA 3 at 128.
 HEADS = [(9, 3, 64), (32, 8, 64), (4, 4, 128), (6, 2, 128), (32, 8, 128)]

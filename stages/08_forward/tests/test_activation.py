@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 BF16 = torch.bfloat16
 # (tokens, intermediate): SmolLM2 (1536), Llama-3.2-1B (8192), multiples of 8 that are not

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 DTYPES = [torch.bfloat16, torch.float32]
 # Llama 3's and SmolLM2's vocabularies, LLaMA-2's, and odd sizes (no 16-byte packs).

@@ -1,10 +1,10 @@
 """Stage 08: the whole forward pass (model.py) against transformers on tiny random Llamas.
 
-The oracle is transformers' LlamaForCausalLM holding the same weights (grader.fixtures): GQA
+The oracle is transformers' LlamaForCausalLM holding the same weights (course.testing.fixtures): GQA
 with tied embeddings, Llama-3 rope scaling with untied embeddings, and odd sizes with plain
 multi-head attention. On the CPU everything runs in float32 and must agree to float32
 rounding; on a GPU (bf16) within bf16 tolerance, measured by the relative error of each
-layer's output (grader.equivalence).
+layer's output (course.testing.equivalence).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, equivalence, fixtures
+from course.testing import checks, equivalence, fixtures
 
 VARIANTS = list(fixtures.VARIANTS)
 FP32_TOL = 1e-4    # relative to the largest |value|: float32 rounding through a few layers

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 # (n_heads, n_kv_heads, head_dim): Llama-3.2-1B (group 4), SmolLM2-135M (3), TinyLlama (8),
 # plain multi-head (1), and the same groups at head_dim 128.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, equivalence, fixtures
+from course.testing import checks, equivalence, fixtures
 
 VARIANTS = list(fixtures.VARIANTS)
 FP32_TOL = 2e-5

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, equivalence, fixtures
+from course.testing import checks, equivalence, fixtures
 
 BF16_TOL = 2e-2
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks, fixtures
+from course.testing import checks, fixtures
 
 
 @pytest.fixture(scope="module")

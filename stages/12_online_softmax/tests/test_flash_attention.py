@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 # (n_heads, n_kv_heads, head_dim): GQA 1, 3 and 4 at head_dim 64 and 128.
 HEADS = [(8, 8, 64), (9, 3, 64), (32, 8, 64), (4, 4, 128), (6, 2, 128), (32, 8, 128)]

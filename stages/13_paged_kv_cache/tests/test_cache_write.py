@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import checks
+from course.testing import checks
 
 # (n_heads, n_kv_heads, head_dim): Llama-3.2-1B, SmolLM2-135M, head_dim 128, one KV head
 HEADS = [(32, 8, 64), (9, 3, 64), (16, 2, 128), (4, 1, 8)]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from course import parts
-from grader import fixtures
+from course.testing import fixtures
 
 BLOCK = 4
 
