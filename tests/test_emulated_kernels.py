@@ -224,6 +224,14 @@ extern "C" const char* emu_gemv_silu_mul(const void* x, const void* w, void* y, 
                                          int64_t in_features, int64_t inter) {
   EMU_CALL(launch_gemv_silu_mul(x, w, y, tokens, in_features, inter, nullptr));
 }
+// the Hopper path directly (the emulated device says sm_80, so launch_gemv never takes it)
+extern "C" const char* emu_gemv_tma(const void* x, const void* w, void* y, int f32,
+                                    int in_features, int out_features, int pair) {
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  if (f32) EMU_CALL(launch_tma(xb, wb, static_cast<float*>(y), in_features, out_features, pair, nullptr));
+  EMU_CALL(launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), in_features, out_features, pair, nullptr));
+}
 """
 
 
@@ -273,6 +281,32 @@ def test_gemv_kernel_with_silu_mul_in_the_emulator(in_features, inter, tokens):
     plain = parts.reference("06", "linear").linear_native(x, w)
     expected = parts.reference("08", "activation").silu_mul_native(plain)
     torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+# (in, out, pair, float32 out): one-token GEMV by bulk copies (gemv_kernel_tma, sm_90): rows
+# of 2048 columns (two per 16 KB stage; 45 rows: blocks of 5 and 6 rows on the emulated 8
+# blocks, a last stage half full), of 8192 (a row spans two stages), of 1024 paired (gate and
+# up halves of every stage, 1 row each), float32 logits; fewer rows than blocks (out = 5).
+@pytest.mark.parametrize("in_features,out_features,pair,f32", [
+    (2048, 45, False, False), (8192, 37, False, False), (1024, 30, True, False),
+    (2048, 100, True, False), (2048, 200, False, True), (4096, 5, False, False)])
+def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
+    tma = _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv_tma",
+                         [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4)
+    g = torch.Generator().manual_seed(in_features + out_features)
+    x = torch.randn(1, in_features, generator=g).bfloat16()
+    rows = 2 * out_features if pair else out_features
+    w = (torch.randn(rows, in_features, generator=g) * in_features ** -0.5).bfloat16()
+    y = torch.full((1, out_features), 7.0, dtype=torch.float32 if f32 else torch.bfloat16)
+    _ok(tma(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), in_features, out_features,
+            out_features if pair else 0))
+    plain = parts.reference("06", "linear").linear_native(x, w)
+    if pair:
+        expected = parts.reference("08", "activation").silu_mul_native(plain).float()
+    else:
+        expected = x.float() @ w.float().t()
+    tol = 1e-4 if f32 else 1.6e-2
+    torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
 
 
 DECODE_SHIM = CALL + """

@@ -46,7 +46,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
+#include "bulk_copy.cuh"
 #include "cp_async.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
@@ -197,6 +200,122 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   // TODO stage 06: fetch units 0 .. kStages - 2, then wait_for_previous_kernel(); per step i < steps: fetch i + kStages - 1, copies_wait<kStages - 1>, fma_piece each of this lane's pieces of unit i (if i < units); at the warp's last unit of an output, butterfly sums; a warp alone on its output: lane 0 writes y[t, out]; a group: lane 0 stores them to partial, __syncthreads(), then lane t of the group's first warp adds the group's partials of token t -- paired: the first half's (gate) and the second half's (up), then silu_mul_of -- and writes y[t, out]; acc back to 0 (about 43 lines)
 }
 
+// --- One token on Hopper: the weights by bulk copies (sm_90) ------------------------------
+//
+// gemv_kernel needs ~32 warps on every SM to keep its copies in flight: each 16 bytes is one
+// cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 16 KB at once, so
+// two blocks of 8 warps per SM stream faster, each block reading one contiguous stretch of
+// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200, eleventh session:
+// docs/gpu-runs.md).
+//
+//     block b of the grid owns the outputs [b * out / grid, (b + 1) * out / grid): its weight
+//     rows are one contiguous stretch of memory (paired: the gate rows' stretch and the up
+//     rows' stretch, as two halves of every stage);
+//     thread 0 keeps kTmaStages stages of 16 KB of that stretch requested, each counted by
+//     its stage's mbarrier; the first ones before the wait;
+//     in a stage, warp w owns 128 consecutive pieces (2 KB, inside one row when in % 1024 ==
+//     0): its lanes multiply them by x's pieces (x in shared memory), add with a butterfly,
+//     and lane 0 adds the row's partial sum into the block's float32 sum of that row;
+//     after every warp is done with a stage (one barrier), thread 0 requests the stage after
+//     next into its slot; at the end the block writes its outputs (paired: silu_mul_of).
+//
+// One token only (x of 8 tokens would take 128 KB of shared memory at in = 8192), rows of a
+// multiple of 1024 columns (in % 1024 == 0: Llama-3.2-1B's 2048 and 8192; SmolLM2's 576 goes
+// to gemv_kernel). Given code: read it; `launch` below chooses it (tma_fits).
+constexpr int kTmaThreads = 256;                          // 8 warps
+constexpr int kTmaWarps = kTmaThreads / 32;
+constexpr int kTmaStages = 2;                             // ring slots of 16 KB
+constexpr int kTmaStagePieces = 1024;                     // 16 KB
+constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 128 pieces: a warp's share of a stage
+constexpr int kTmaBlocksPerSm = 2;
+constexpr int kTmaMaxIn = 16384;
+constexpr int kTmaMaxSums = 4096;                         // rows x halves a block sums
+constexpr size_t kTmaHead = 128;                          // the stages' mbarriers, then the ring
+// At least this much shared memory a block, so that no more than 2 of these blocks share an
+// SM of 228 KB (all sm_90 GPUs): the next GEMV's blocks, launched early under PDL, find no
+// room beside the running one's and wait until it leaves, while the step's small kernels
+// still fit. Measured on the H200 (eleventh session): with 50 KB blocks (two GEMVs side by
+// side) batch 1 took 1.086 ms, with 37 KB (three) slower still, with 80 KB 0.945 ms --
+// gemv_kernel 0.995 in the same calls. Side by side, the next GEMV's early requests took
+// bandwidth from the running one: every GEMV of a step is on its critical path.
+constexpr size_t kTmaMinSmem = 80 * 1024;
+
+// Shared memory: mbarriers, ring, x (in bf16), the float32 sums of `sums` rows.
+__host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums) {
+  return kTmaHead + static_cast<size_t>(kTmaStages) * kTmaStagePieces * 16 +
+         static_cast<size_t>(in_features) * 2 + static_cast<size_t>(sums) * sizeof(float);
+}
+
+// x: [1, in] bf16, weight: [out, in] bf16 (pair > 0: [2 out, in], gate rows then up rows),
+// y: [1, out] of OutT; in % 1024 == 0, in <= kTmaMaxIn; dynamic shared memory
+// tma_smem_bytes(in, ceil(out / grid) x (pair ? 2 : 1)).
+template <typename OutT>
+__global__ void __launch_bounds__(kTmaThreads)
+gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
+                OutT* __restrict__ y, int in_features, int out_features, int pair) {
+  extern __shared__ uint4 smem[];
+  allow_next_kernel_to_start();
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  uint4* ring = smem + kTmaHead / 16;
+  uint4* xs = ring + kTmaStages * kTmaStagePieces;
+  const int pieces = in_features / 8;
+  float* sums = reinterpret_cast<float*>(xs + pieces);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int r0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * out_features / gridDim.x);
+  const int rows = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * out_features / gridDim.x) - r0;
+  const int halves = pair > 0 ? 2 : 1;
+  const int half = kTmaStagePieces / halves;              // pieces of each stretch per stage
+  const int64_t stretch = static_cast<int64_t>(rows) * pieces;
+  const int stages = static_cast<int>((stretch + half - 1) / half);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+  const uint4* from[2] = {w + static_cast<int64_t>(r0) * pieces,
+                          w + static_cast<int64_t>(r0 + pair) * pieces};
+  // Stage k (if any) into slot k % kTmaStages: thread 0 only.
+  auto request = [&](int k) {
+    if (k >= stages) return;
+    const int64_t offset = static_cast<int64_t>(k) * half;
+    const int n = static_cast<int>(stretch - offset < half ? stretch - offset : half);
+    uint64_t* bar = &full[k % kTmaStages];
+    barrier_expect_bytes(bar, static_cast<unsigned>(n * 16 * halves));
+    uint4* slot = ring + (k % kTmaStages) * kTmaStagePieces;
+    for (int h = 0; h < halves; ++h) bulk_copy(slot + h * half, from[h] + offset, n * 16, bar);
+  };
+  if (tid == 0)
+    for (int s = 0; s < kTmaStages; ++s) barrier_init(&full[s], 1);
+  for (int i = tid; i < rows * halves; i += kTmaThreads) sums[i] = 0.f;
+  __syncthreads();  // the barriers are initialized before anyone waits on them
+  if (tid == 0)
+    for (int k = 0; k < kTmaStages; ++k) request(k);  // before the wait: weights only
+  wait_for_previous_kernel();
+  const uint4* xg = reinterpret_cast<const uint4*>(x);
+  for (int i = tid; i < pieces; i += kTmaThreads) xs[i] = xg[i];
+  __syncthreads();
+  const int h = warp * kTmaRun / half, first = warp * kTmaRun % half;  // this warp's run
+  for (int k = 0; k < stages; ++k) {
+    barrier_wait(&full[k % kTmaStages], (k / kTmaStages) & 1);
+    // a row holds a whole number of runs, so a run is all in one row or past the stretch
+    const int64_t start = static_cast<int64_t>(k) * half + first;
+    if (start < stretch) {
+      const uint4* run = ring + (k % kTmaStages) * kTmaStagePieces + h * half + first;
+      const int row = static_cast<int>(start / pieces), column = static_cast<int>(start % pieces);
+      float sum = 0.f;
+#pragma unroll
+      for (int j = lane; j < kTmaRun; j += 32) {
+        const BF8 wv = as_bf8(run[j]), xv = as_bf8(xs[column + j]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sum = fmaf(to_float(wv.v[e]), to_float(xv.v[e]), sum);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) atomicAdd(&sums[h * rows + row], sum);
+    }
+    __syncthreads();  // every warp is done with slot k % kTmaStages
+    if (tid == 0) request(k + kTmaStages);
+  }
+  for (int r = tid; r < rows; r += kTmaThreads)
+    y[r0 + r] = from_float<OutT>(pair > 0 ? silu_mul_of(sums[r], sums[rows + r]) : sums[r]);
+}
+
 namespace {
 
 // Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
@@ -216,6 +335,61 @@ int resident_blocks(Kernel kernel, size_t smem) {
   return sms * per_sm;
 }
 
+// The Hopper path for one token (gemv_kernel_tma): the device has bulk copies (the kernel was
+// built for sm_90 or later: a compute_75 build run on an H200 has none), TINYVLLM_GEMV_TMA is
+// not "0" (to measure the gain), and the rows are whole runs.
+template <typename OutT>
+bool tma_fits(int in_features, int out_features, int pair) {
+  static const bool available = [] {
+    const char* env = std::getenv("TINYVLLM_GEMV_TMA");
+    cudaFuncAttributes attributes;
+    if (cudaFuncGetAttributes(&attributes, gemv_kernel_tma<OutT>) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return attributes.ptxVersion >= 90 && !(env != nullptr && std::strcmp(env, "0") == 0);
+  }();
+  return available && in_features % (kTmaRun * 8) == 0 && in_features <= kTmaMaxIn &&
+         out_features > 0;
+}
+
+// gemv_kernel_tma on kTmaBlocksPerSm blocks per SM (fewer when out is smaller), PDL where the
+// kernel has the wait (pdl.cuh's launch_early). The caller checked tma_fits (or, in the CPU emulator, the shapes).
+template <typename OutT>
+tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
+                        int in_features, int out_features, int pair, cudaStream_t stream) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }();
+  if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
+  if (in_features % (kTmaRun * 8) != 0 || in_features > kTmaMaxIn || out_features <= 0)
+    return "gemv (bulk copies): needs in_features a multiple of 1024, at most 16384";
+  const int blocks = out_features < kTmaBlocksPerSm * sms ? out_features : kTmaBlocksPerSm * sms;
+  const int sums = static_cast<int>(tvllm_ceil_div(out_features, blocks)) * (pair > 0 ? 2 : 1);
+  if (sums > kTmaMaxSums) return "gemv (bulk copies): too many rows per block";
+  const size_t needed = tma_smem_bytes(in_features, sums);
+  const size_t smem = needed > kTmaMinSmem ? needed : kTmaMinSmem;
+  static const size_t most = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) > kTmaMinSmem
+                                 ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) : kTmaMinSmem;
+  static const bool opted_in = cudaFuncSetAttribute(
+      gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(most)) == cudaSuccess;
+  if (!opted_in) {
+    cudaGetLastError();
+    return "gemv (bulk copies): the device refused the kernel's shared memory";
+  }
+  const cudaError_t err = launch_early(gemv_kernel_tma<OutT>, dim3(blocks), dim3(kTmaThreads),
+                                       smem, stream, x, weight, y, in_features, out_features,
+                                       pair);
+  return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
+}
+
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
                     int in_features, int out_features, int pair, cudaStream_t stream) {
@@ -226,8 +400,8 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
-  // TODO stage 06: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 14 lines)
-  return "TODO stage 06: one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 14 lines)";
+  // TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 16 lines)
+  return "TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits (about 16 lines)";
 }
 
 template <typename OutT>

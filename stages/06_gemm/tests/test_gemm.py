@@ -188,6 +188,15 @@ def test_gemv_float32_logits(seed, in_features, out_features, tokens):
                         hint="write from_float<OutT>(sum): OutT is float for logits")
 
 
+def _kernels_of(call):
+    """call()'s result and the names of the GPU kernels it ran."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = call()
+        torch.cuda.synchronize()
+    return result, [e.name for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @pytest.mark.gpu
 def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
     """The dispatch: by default one bf16 token goes to gemv_kernel and more to cuBLAS; with
@@ -211,10 +220,7 @@ def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
              "in = 100, gemv=True": (odd_x[:1], odd_w, True, False),
              "misaligned x, gemv=True": (shifted[:1], w, True, False)}
     for name, (xs, ws, gemv, expect_gemv) in cases.items():
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            got = op.linear(xs, ws, gemv=gemv)
-            torch.cuda.synchronize()
-        ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        got, ran = _kernels_of(lambda: op.linear(xs, ws, gemv=gemv))
         used_gemv = any("gemv_kernel" in n for n in ran)
         assert used_gemv == expect_gemv, (
             f"{name}: expected {'gemv_kernel' if expect_gemv else 'cuBLAS only'}, the GPU ran "
@@ -233,12 +239,14 @@ def _chain(x_big: torch.Tensor, src: torch.Tensor, w: torch.Tensor, out: torch.T
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda_graph"])
-def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph):
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph, tokens):
     """With PDL the GEMV starts before the previous kernel ends: it may load weights early,
     but x only after griddepcontrol.wait. A GEMV that reads x too early sees the old values
-    here (the writer is a long kernel), eagerly and inside a CUDA graph."""
+    here (the writer is a long kernel), eagerly and inside a CUDA graph; one token (on an
+    sm_90 GPU, gemv_kernel_tma) and two (gemv_kernel)."""
     gen = checks.generator("cuda", seed)
-    tokens, in_features = 2, 2048
+    in_features = 2048
     _, w = make_inputs(gen, 1, in_features, 4096)
     src = checks.randn((32 * 1024 * 1024,), torch.bfloat16, "cuda", gen)
     x_big = torch.zeros_like(src)
@@ -260,6 +268,38 @@ def test_gemv_waits_for_the_kernel_that_writes_x(seed, graph):
                             what=f"GEMV after the kernel that writes x (step {step})",
                             hint="read x (and write y) only after wait_for_previous_kernel(): "
                                  "before it, only the weights are safe to load")
+
+
+@pytest.mark.gpu
+def test_one_token_takes_bulk_copies_on_hopper(seed):
+    """On an sm_90 GPU one token with rows of a multiple of 1024 columns goes to
+    gemv_kernel_tma (bulk copies), plain and paired; other rows, and 2 tokens, to gemv_kernel.
+    Below sm_90 every one goes to gemv_kernel. Each result against the float32 oracle."""
+    hopper = torch.cuda.get_device_capability() >= (9, 0)
+    gen = checks.generator("cuda", seed)
+    op = linear_op()
+    cases = {"1 token, in = 2048": (1, 2048, 300, False, hopper),
+             "1 token, in = 8192": (1, 8192, 100, False, hopper),
+             "1 token, in = 2048, gate_up": (1, 2048, 200, True, hopper),
+             "1 token, in = 576": (1, 576, 300, False, False),
+             "2 tokens, in = 2048": (2, 2048, 300, False, False)}
+    for name, (tokens, in_features, out_features, paired, expect_tma) in cases.items():
+        rows = 2 * out_features if paired else out_features
+        x, w = make_inputs(gen, tokens, in_features, rows)
+        if paired:
+            got = torch.empty((tokens, out_features), dtype=torch.bfloat16, device="cuda")
+            _, ran = _kernels_of(lambda: parts.kernels().linear_silu_mul(x, w, got))
+        else:
+            got, ran = _kernels_of(lambda: op.linear(x, w, gemv=True))
+        used_tma = any("gemv_kernel_tma" in n for n in ran)
+        assert used_tma == expect_tma, (
+            f"{name}: expected {'gemv_kernel_tma' if expect_tma else 'gemv_kernel'}, the GPU "
+            f"ran {sorted(set(ran))}")
+        expected = F.linear(x.float(), w.float())
+        if paired:
+            expected = parts.reference("08", "activation").silu_mul_native(expected)
+        checks.assert_close(got, expected, dtype=torch.bfloat16, what=f"GEMV, {name}",
+                            hint="launch: one token that tma_fits goes to launch_tma")
 
 
 # The MLP's gate_up projection with its activation in the GEMV's epilogue (gemv.cu, `pair`):

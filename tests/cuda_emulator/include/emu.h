@@ -303,6 +303,8 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 #define __syncthreads() emu::block_barrier()
 #define __syncthreads_or(p) emu::syncthreads_or(p)
 template <typename T> inline T __ldg(const T* p) { return *p; }
+// one fiber runs at a time: a read-modify-write is atomic between switches
+inline float atomicAdd(float* p, float v) { const float old = *p; *p = old + v; return old; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
