@@ -557,6 +557,9 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // 512 (smaller partitions there only add partials to write and merge); on 132 SMs a batch of
 // one sequence (8 KV heads) gets 64-key partitions up to max_keys 4096 (64 partitions, 512
 // blocks), 512-key ones from 16385.
+// What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
+// so that no test of the rule passes where it happens to expect the single pass.
+constexpr int kRuleNotWritten = -1;
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split) {
   if (split == 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
@@ -572,7 +575,7 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
   const int64_t blocks = static_cast<int64_t>(batch) * n_kv_heads *
                          tvllm_ceil_div(group, kRows);  // the single pass's grid
   const int64_t target = 2 * static_cast<int64_t>(sms);
-  // BEGIN SOLUTION: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) | return 0;
+  // BEGIN SOLUTION: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) | return kRuleNotWritten;
   if (split < 0 && blocks >= target) return 0;
   int keys = kPartition;
   while (keys > kMinPartition && blocks * tvllm_ceil_div(max_keys, keys) < target) keys /= 2;

@@ -370,6 +370,9 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // 512 (smaller partitions there only add partials to write and merge); on 132 SMs a batch of
 // one sequence (8 KV heads) gets 64-key partitions up to max_keys 4096 (64 partitions, 512
 // blocks), 512-key ones from 16385.
+// What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
+// so that no test of the rule passes where it happens to expect the single pass.
+constexpr int kRuleNotWritten = -1;
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split) {
   if (split == 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
@@ -386,7 +389,7 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
                          tvllm_ceil_div(group, kRows);  // the single pass's grid
   const int64_t target = 2 * static_cast<int64_t>(sms);
   // TODO stage 14: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) (about 6 lines)
-  return 0;
+  return kRuleNotWritten;
 }
 
 // q: [batch, n_heads, head_dim] bf16, rows q_stride elements apart (a multiple of 8), 16-byte

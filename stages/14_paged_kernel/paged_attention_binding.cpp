@@ -26,6 +26,14 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
 
 namespace {
 
+// paged_attention_partition_keys' answer, or NotImplementedError for the skeleton's -1 (its
+// rule not written yet: a TODO, never a partition size).
+int64_t rule_written(int64_t keys) {
+  TORCH_CHECK_NOT_IMPLEMENTED(keys >= 0, "TODO stage 14: paged_attention_partition_keys, the "
+                              "split-K rule (paged_attention.cu), is not written yet");
+  return keys;
+}
+
 // q: [B, n_heads, d]; k_cache, v_cache: [num_blocks, block_size, n_kv, d]; block_tables:
 // [B, max_blocks] int32; context_lens: [B] int32 -> out: [B, n_heads, d].
 // max_context: the longest context any sequence may have (-1: max_blocks * block_size); with
@@ -88,7 +96,7 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t keys = partition > 0 ? partition : paged_attention_partition_keys(
       static_cast<int>(batch), static_cast<int>(n_heads), static_cast<int>(n_kv), max_keys,
       static_cast<int>(split));
-  TORCH_CHECK(keys >= 0, "paged_attention_partition_keys returned ", keys);
+  rule_written(keys);
   const int64_t partitions = keys > 0 && max_keys > keys ? (max_keys + keys - 1) / keys : 1;
   TORCH_CHECK(partitions >= 1 && partitions <= 8192 && batch * partitions < (int64_t{1} << 31),
               "split-K: at most 8192 partitions (of 512 keys: max_context up to 4M), got ",
@@ -120,9 +128,9 @@ int64_t partition_keys(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64
               "paged_attention_partition_keys: batch, n_heads (a multiple of n_kv_heads > 0), "
               "max_keys (at most 2^30) and split (-1, 0, 1), got ", batch, ", ", n_heads, ", ",
               n_kv_heads, ", ", max_keys, ", ", split);
-  return paged_attention_partition_keys(static_cast<int>(batch), static_cast<int>(n_heads),
-                                        static_cast<int>(n_kv_heads), max_keys,
-                                        static_cast<int>(split));
+  return rule_written(paged_attention_partition_keys(
+      static_cast<int>(batch), static_cast<int>(n_heads), static_cast<int>(n_kv_heads), max_keys,
+      static_cast<int>(split)));
 }
 
 }  // namespace

@@ -336,7 +336,15 @@ def test_gemv_silu_mul_equals_linear_then_silu_mul(seed, tokens, in_features, in
 
 @pytest.mark.gpu
 def test_gemv_silu_mul_refuses_what_it_cannot_run(seed):
+    """It runs what it can (one token, checked first: the refusals alone are given code), and
+    refuses 9 tokens and an odd number of weight rows with a sentence."""
     x, w = make_inputs(checks.generator("cuda", seed), 9, 256, 64)
+    out = checks.poison(torch.empty((1, 32), dtype=torch.bfloat16, device="cuda"))
+    parts.kernels().linear_silu_mul(x[:1], w, out)
+    torch.cuda.synchronize()
+    silu_mul_native = parts.reference("08", "activation").silu_mul_native
+    checks.assert_close(out, silu_mul_native(F.linear(x[:1].float(), w.float())),
+                        dtype=torch.bfloat16, what="linear_silu_mul, 1 token", hint=SILU_HINT)
     with pytest.raises(RuntimeError, match="1-8 tokens"):
         parts.kernels().linear_silu_mul(x, w, torch.empty(9, 32, dtype=torch.bfloat16,
                                                           device="cuda"))

@@ -170,8 +170,10 @@ def test_rope_cache_write_in_a_cuda_graph(seed):
 
 @pytest.mark.gpu
 def test_rope_cache_write_names_an_unsupported_head_dim():
-    q, k, v, k_cache, v_cache, cos_sin, positions = rope_inputs(checks.generator("cuda", 0), 2, 4,
-                                                                1, 8)
+    """A valid call first (the refusal alone is given code), then head_dim 8, refused."""
+    gen = checks.generator("cuda", 0)
+    run_both_rope(*rope_inputs(gen, 2, 4, 1, 64), torch.tensor([3, 17], device="cuda"))
+    q, k, v, k_cache, v_cache, cos_sin, positions = rope_inputs(gen, 2, 4, 1, 8)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         op().rope_cache_write(q, k, v, positions, cos_sin, k_cache, v_cache,
                               torch.zeros(2, dtype=torch.int64, device="cuda"))
