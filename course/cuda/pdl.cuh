@@ -48,18 +48,29 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
-// Whether `kernel` may be launched early: its code has the wait (built for sm_90 or later: a
-// compute_75 build run on an H200 has none) and TINYVLLM_PDL is not "0" (to measure the gain).
+// Whether the environment variable `name` is "0": a speed-up turned off, to measure its gain.
+inline bool turned_off(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "0") == 0;
+}
+
+// Whether the code of `kernel` that runs on this device was built for sm_90 or later, so that
+// its sm_90 instructions (the PDL wait, bulk copies) are in it: a compute_75 build run on an
+// H200 has none. No answer: false.
 template <typename Kernel>
-bool may_launch_early(Kernel kernel) {
-  const char* env = std::getenv("TINYVLLM_PDL");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+bool built_for_sm90(Kernel kernel) {
   cudaFuncAttributes attributes;
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
-    cudaGetLastError();  // no answer: launch normally
+    cudaGetLastError();
     return false;
   }
   return attributes.ptxVersion >= 90;
+}
+
+// Whether `kernel` may be launched early: its code has the wait and TINYVLLM_PDL is not "0".
+template <typename Kernel>
+bool may_launch_early(Kernel kernel) {
+  return !turned_off("TINYVLLM_PDL") && built_for_sm90(kernel);
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch where

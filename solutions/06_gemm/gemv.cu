@@ -46,8 +46,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
@@ -301,6 +299,14 @@ __host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums) {
   return kTmaHead + static_cast<size_t>(kTmaStages) * kTmaStagePieces * 16 +
          static_cast<size_t>(in_features) * 2 + static_cast<size_t>(sums) * sizeof(float);
 }
+// The most a launch asks for: the kernel's shared-memory opt-in.
+constexpr size_t kTmaMaxSmem = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) > kTmaMinSmem
+                                   ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) : kTmaMinSmem;
+
+// The rows gemv_kernel_tma takes: whole runs (in % 1024 == 0), x within its shared memory.
+__host__ __device__ constexpr bool tma_shape(int in_features, int out_features) {
+  return in_features % (kTmaRun * 8) == 0 && in_features <= kTmaMaxIn && out_features > 0;
+}
 
 // x: [1, in] bf16, weight: [out, in] bf16 (pair > 0: [2 out, in], gate rows then up rows),
 // y: [1, out] of OutT; in % 1024 == 0, in <= kTmaMaxIn; dynamic shared memory
@@ -374,16 +380,27 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
 
 namespace {
 
+// The current device's SMs; 0 when it does not answer.
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
 // Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
 // shared memory (allowed first, should the ring grow past the 48 KB a kernel gets without
 // asking): the persistent grid's size; 0 when the device does not answer.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, size_t smem) {
-  int device = 0, sms = 0, per_sm = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const int sms = sm_count();
+  int per_sm = 0;
+  if (sms <= 0 ||
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)) != cudaSuccess ||
-      cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) != cudaSuccess) {
     cudaGetLastError();  // clear it: the launcher says what went wrong
     return 0;
@@ -391,22 +408,14 @@ int resident_blocks(Kernel kernel, size_t smem) {
   return sms * per_sm;
 }
 
-// The Hopper path for one token (gemv_kernel_tma): the device has bulk copies (the kernel was
-// built for sm_90 or later: a compute_75 build run on an H200 has none), TINYVLLM_GEMV_TMA is
-// not "0" (to measure the gain), and the rows are whole runs.
+// The Hopper path for one token (gemv_kernel_tma): the kernel was built for sm_90 or later
+// (pdl.cuh's built_for_sm90: bulk copies are in it), TINYVLLM_GEMV_TMA is not "0" (to measure
+// the gain), and tma_shape holds.
 template <typename OutT>
-bool tma_fits(int in_features, int out_features, int pair) {
-  static const bool available = [] {
-    const char* env = std::getenv("TINYVLLM_GEMV_TMA");
-    cudaFuncAttributes attributes;
-    if (cudaFuncGetAttributes(&attributes, gemv_kernel_tma<OutT>) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return attributes.ptxVersion >= 90 && !(env != nullptr && std::strcmp(env, "0") == 0);
-  }();
-  return available && in_features % (kTmaRun * 8) == 0 && in_features <= kTmaMaxIn &&
-         out_features > 0;
+bool tma_fits(int in_features, int out_features) {
+  static const bool available =
+      built_for_sm90(gemv_kernel_tma<OutT>) && !turned_off("TINYVLLM_GEMV_TMA");
+  return available && tma_shape(in_features, out_features);
 }
 
 // gemv_kernel_tma on kTmaBlocksPerSm blocks per SM (fewer when out is smaller), PDL where the
@@ -414,28 +423,18 @@ bool tma_fits(int in_features, int out_features, int pair) {
 template <typename OutT>
 tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
                         int in_features, int out_features, int pair, cudaStream_t stream) {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return count;
-  }();
+  static const int sms = sm_count();
   if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
-  if (in_features % (kTmaRun * 8) != 0 || in_features > kTmaMaxIn || out_features <= 0)
+  if (!tma_shape(in_features, out_features))
     return "gemv (bulk copies): needs in_features a multiple of 1024, at most 16384";
   const int blocks = out_features < kTmaBlocksPerSm * sms ? out_features : kTmaBlocksPerSm * sms;
   const int sums = static_cast<int>(tvllm_ceil_div(out_features, blocks)) * (pair > 0 ? 2 : 1);
   if (sums > kTmaMaxSums) return "gemv (bulk copies): too many rows per block";
   const size_t needed = tma_smem_bytes(in_features, sums);
   const size_t smem = needed > kTmaMinSmem ? needed : kTmaMinSmem;
-  static const size_t most = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) > kTmaMinSmem
-                                 ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) : kTmaMinSmem;
   static const bool opted_in = cudaFuncSetAttribute(
       gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(most)) == cudaSuccess;
+      static_cast<int>(kTmaMaxSmem)) == cudaSuccess;
   if (!opted_in) {
     cudaGetLastError();
     return "gemv (bulk copies): the device refused the kernel's shared memory";
@@ -457,7 +456,7 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
   // BEGIN SOLUTION: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits | return "{todo}";
-  if (kTokens == 1 && tma_fits<OutT>(in_features, out_features, pair))
+  if (kTokens == 1 && tma_fits<OutT>(in_features, out_features))
     return launch_tma(x, weight, y, in_features, out_features, pair, stream);
   const int64_t blocks = tvllm_ceil_div(warps, kWarps);
   cudaLaunchConfig_t config = {};

@@ -2,6 +2,11 @@
 #pragma once
 inline void allow_next_kernel_to_start() {}
 inline void wait_for_previous_kernel() {}
+inline bool turned_off(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "0") == 0;
+}
+template <typename Kernel> bool built_for_sm90(Kernel) { return false; }
 template <typename Kernel> bool may_launch_early(Kernel) { return false; }
 template <typename... Params, typename... Args>
 cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
