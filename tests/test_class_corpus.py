@@ -116,6 +116,19 @@ def test_invalid_and_rejected_files_are_reported(graded):
         assert "bytecode" in " ".join(records["pyc_beside_skeleton"]["problems"])
 
 
+def test_csv_json_and_junit_reports(graded):
+    """One row, one record and one JUnit suite per student, in name order."""
+    out, names = graded["out"], sorted(graded["records"])
+    rows = Path(f"{out}.csv").read_text().splitlines()
+    assert rows[0] == "student,stage_02,total"
+    assert rows[1:3] == ["aaa_honest,100,100", "aaa_skeleton,0,0"]
+    assert [r.split(",")[0] for r in rows[1:]] == names
+    assert graded["records"]["aaa_honest"]["full_marks"] is True
+    assert graded["records"]["aaa_skeleton"]["full_marks"] is False
+    suites = ET.parse(f"{out}.xml").getroot().findall("testsuite")
+    assert [s.get("name") for s in suites] == [f"{n} stage 02" for n in names]
+
+
 def test_reports_are_valid_and_small(graded):
     out = graded["out"]
     ET.parse(f"{out}.xml")                      # control characters would make this fail

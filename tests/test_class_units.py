@@ -50,6 +50,27 @@ def _ctx(tmp_path: Path) -> cases.Context:
     return cases.Context(manifest.ROOT, tmp_path / "extra", tmp_path / "subs" / "honest")
 
 
+def test_a_reference_object_crosses_to_the_worker_once():
+    """What a test passes of a reference module (a Tokenizer: 7 MB, 2 s to unpickle) is sent
+    once per worker and reused; changed, it is sent again (named by its bytes)."""
+    from grader.classroom import harness, judge
+    from course import parts
+    conn = judge.Connection.__new__(judge.Connection)
+    conn.gen, conn.kept, conn.lent = 1, set(), {}
+    stop = parts.reference("02", "stopping").StopChecker({2}, ["###"], max_tokens=5)
+    first, again = (conn._dumps(("call", 0, (stop,), {})) for _ in range(2))
+    assert len(again) < len(first) - 40, "the second request carried the object again"
+    worker = harness.Worker()
+    a = harness._Requests(first, worker).load()[2][0]
+    b = harness._Requests(again, worker).load()[2][0]
+    assert a is b and a.check(2, "hi") == "eos"
+    stop.max_tokens = 1
+    changed = harness._Requests(conn._dumps(("call", 0, (stop,), {})), worker).load()[2][0]
+    assert changed is not a and changed.max_tokens == 1 and a.max_tokens == 5
+    conn.kept.clear()                                   # a restarted worker holds nothing
+    assert len(conn._dumps(("call", 0, (stop,), {}))) > len(again)
+
+
 def test_submission_validation(tmp_path):
     subs, ctx, stage = tmp_path / "subs", _ctx(tmp_path), manifest.find("02")
     cases.honest(subs / "honest", ctx)

@@ -174,27 +174,6 @@ def test_reports_json_junit_csv(tmp_path):
     assert (tmp_path / "r.csv").read_text().splitlines()[1] == "alice,33.3"
 
 
-def test_class_grading_writes_csv_json_junit(tmp_path):
-    """Two students: one hands in the bare skeleton, one the reference parts of stage 02."""
-    import shutil
-    stage = manifest.find("02")
-    subs = tmp_path / "submissions"
-    for student, source in (("alice", stage.skeleton_dir()), ("bob", stage.solution_dir())):
-        (subs / student / stage.dir).mkdir(parents=True)
-        for part in stage.parts:
-            shutil.copy(source / part, subs / student / stage.dir / part)
-    out = tmp_path / "grades"
-    proc = grader_cli("class", str(subs), "--stages", "02", "--csv", f"{out}.csv",
-                      "--json", f"{out}.json", "--junit", f"{out}.xml")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = (tmp_path / "grades.csv").read_text().splitlines()
-    assert rows == ["student,stage_02,total", "alice,0,0", "bob,100,100"]
-    records = json.loads((tmp_path / "grades.json").read_text())
-    assert {r["student"]: r["full_marks"] for r in records} == {"alice": False, "bob": True}
-    suites = ET.parse(tmp_path / "grades.xml").getroot().findall("testsuite")
-    assert [s.get("name") for s in suites] == ["alice stage 02", "bob stage 02"]
-
-
 def test_grade_cli_skeleton_scores_zero_and_json(tmp_path):
     proc = grader_cli("02", "--json", str(tmp_path / "r.json"))
     assert proc.returncode == 1

@@ -57,6 +57,7 @@ class Worker:
         self.proto: tuple[int, int] = (0, 1)
         self.objects: dict[int, object] = {}
         self.ids: dict[int, int] = {}              # id(obj) -> handle, so a class keeps its handle
+        self.kept: dict[str, object] = {}          # reference objects the judge sent once
         self.shared = Path(os.environ.get(SHARED_ENV, "/nonexistent"))
 
     # --- requests -----------------------------------------------------------------------
@@ -234,6 +235,10 @@ class _Requests(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "j":
             return JudgeObject(self.worker, pid[1])
+        if pid[0] == "K":   # a reference object, sent once (judge.py's _dumps)
+            self.worker.kept[pid[1]] = _Requests(pid[2], self.worker).load()
+        if pid[0] in ("K", "k"):
+            return self.worker.kept[pid[1]]
         return self.worker.objects[pid[1]]
 
     def find_class(self, module: str, name: str):

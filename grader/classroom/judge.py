@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import hashlib
 import io
 import json
 import mmap
@@ -34,6 +35,7 @@ from grader.classroom import protocol, sandbox
 from grader.classroom.harness import SHARED_ENV
 
 CONFIG_ENV = "TINYVLLM_CLASSROOM_JUDGE"
+REFERENCE_MODULES = "tinyvllm_solution_"   # course/parts.py's names for the reference modules
 MAX_RESTARTS = 3
 
 
@@ -134,6 +136,7 @@ class Connection:
         self.maps: dict[tuple, object] = {}
         self.shared = Path(config["shared"]).resolve()
         self.lent: dict[int, object] = {}      # objects of the tests the worker may call back
+        self.kept: set[str] = set()            # digests of the reference objects it holds
 
     # --- the process ----------------------------------------------------------------------
     def start(self) -> None:
@@ -153,6 +156,7 @@ class Connection:
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         self.gen += 1
         self.mirrors.clear()
+        self.kept.clear()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -210,7 +214,10 @@ class Connection:
             answer = ("error", f"{type(e).__name__}: {e}")
         protocol.write_frame(self.proc.stdin.fileno(), self._dumps(answer))
 
-    def _dumps(self, request: tuple) -> bytes:
+    def _dumps(self, request: object, top: object = None) -> bytes:
+        """request pickled for the worker. An object of a reference module (a Tokenizer: 7 MB
+        pickled, 2 s to unpickle) goes once per worker; after that the worker uses its copy,
+        named by the digest of its bytes, so a changed object is sent again."""
         conn = self
 
         class P(pickle.Pickler):
@@ -222,6 +229,13 @@ class Connection:
                 if "<locals>" in type(obj).__qualname__:   # cannot be pickled: lend it
                     conn.lent[id(obj)] = obj
                     return ("j", id(obj))
+                if obj is not top and type(obj).__module__.startswith(REFERENCE_MODULES):
+                    data = conn._dumps(obj, top=obj)
+                    digest = hashlib.sha256(data).hexdigest()
+                    if digest in conn.kept:
+                        return ("k", digest)
+                    conn.kept.add(digest)
+                    return ("K", digest, data)
                 return None
         buf = io.BytesIO()
         P(buf, protocol=5).dump(request)
