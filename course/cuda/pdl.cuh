@@ -33,8 +33,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
+#include "tvllm.h"
 
 __device__ __forceinline__ void allow_next_kernel_to_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -46,12 +45,6 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-
-// Whether the environment variable `name` is "0": a speed-up turned off, to measure its gain.
-inline bool turned_off(const char* name) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, "0") == 0;
 }
 
 // Whether the code of `kernel` that runs on this device was built for sm_90 or later, so that

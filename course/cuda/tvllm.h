@@ -6,6 +6,8 @@
 // The binding turns that message into a Python exception and checks cudaGetLastError().
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <cuda_runtime.h>
 
 typedef const char* tvllm_status;
@@ -13,3 +15,10 @@ typedef const char* tvllm_status;
 
 // Blocks needed to cover n items with `per_block` items each.
 inline int64_t tvllm_ceil_div(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
+
+// Whether the environment variable `name` is "0": a speed-up turned off, to measure its gain
+// (TINYVLLM_PDL, TINYVLLM_GEMV_TMA).
+inline bool turned_off(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::strcmp(env, "0") == 0;
+}

@@ -1,11 +1,8 @@
 // emulator's pdl.cuh: no PDL; launch_early runs the grid on the CPU
 #pragma once
+#include "tvllm.h"  // turned_off
 inline void allow_next_kernel_to_start() {}
 inline void wait_for_previous_kernel() {}
-inline bool turned_off(const char* name) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::strcmp(env, "0") == 0;
-}
 template <typename Kernel> bool built_for_sm90(Kernel) { return false; }
 template <typename Kernel> bool may_launch_early(Kernel) { return false; }
 template <typename... Params, typename... Args>
