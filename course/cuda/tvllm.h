@@ -22,3 +22,15 @@ inline bool turned_off(const char* name) {
   const char* env = std::getenv(name);
   return env != nullptr && std::strcmp(env, "0") == 0;
 }
+
+// The current device's SMs; 0 when it does not answer (the error is cleared: the caller says
+// what went wrong). Launchers size persistent grids and the split-K choice with it.
+inline int tvllm_sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}

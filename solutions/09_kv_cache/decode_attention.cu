@@ -291,13 +291,8 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
   // BEGIN SOLUTION: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge | return "{todo}";
   // Enough warps in all to fill the GPU: 4 per block when there are many blocks (batch 64 x
   // 8 KV heads), more when there are few (batch 1), up to what the registers allow.
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: the message goes back through the return value
-    return cudaGetErrorString(err);
-  }
+  const int sms = tvllm_sm_count();
+  if (sms <= 0) return "decode attention: could not ask the device how many SMs it has";
   const int64_t blocks = static_cast<int64_t>(batch) * p.n_kv_heads * p.head_chunks;
   int warps = 4;
   while (warps * 32 < max_threads(kG) && blocks * warps < int64_t{12} * sms) warps *= 2;

@@ -565,12 +565,9 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
   if (split == 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 ||
       max_keys <= kMinPartition)
     return 0;  // never split, or nothing to split: the single pass
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();  // no device answer: the single pass, or the largest partitions
+  const int sms = tvllm_sm_count();
+  if (sms <= 0)  // no device answer: the single pass, or the largest partitions
     return split > 0 && max_keys > kPartition ? kPartition : 0;
-  }
   const int group = n_heads / n_kv_heads;
   const int64_t blocks = static_cast<int64_t>(batch) * n_kv_heads *
                          tvllm_ceil_div(group, kRows);  // the single pass's grid

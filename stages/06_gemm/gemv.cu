@@ -324,23 +324,12 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
 
 namespace {
 
-// The current device's SMs; 0 when it does not answer.
-int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return sms;
-}
-
 // Blocks of `kernel` that run at once on the whole GPU, each with `smem` bytes of dynamic
 // shared memory (allowed first, should the ring grow past the 48 KB a kernel gets without
 // asking): the persistent grid's size; 0 when the device does not answer.
 template <typename Kernel>
 int resident_blocks(Kernel kernel, size_t smem) {
-  const int sms = sm_count();
+  const int sms = tvllm_sm_count();
   int per_sm = 0;
   if (sms <= 0 ||
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -367,7 +356,7 @@ bool tma_fits(int in_features, int out_features) {
 template <typename OutT>
 tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
                         int in_features, int out_features, int pair, cudaStream_t stream) {
-  static const int sms = sm_count();
+  static const int sms = tvllm_sm_count();
   if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
   if (!tma_shape(in_features, out_features))
     return "gemv (bulk copies): needs in_features a multiple of 1024, at most 16384";

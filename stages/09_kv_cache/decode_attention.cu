@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Param
 
 template <int kD, int kG>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 16 lines)
-  return "TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 16 lines)";
+  // TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 11 lines)
+  return "TODO stage 09: grid (batch, n_kv_heads * head_chunks); warps per block; dynamic shared memory for the warp merge (about 11 lines)";
 }
 
 // Query heads per block: the group itself for the common sizes; 5..8 are padded to 8 (the

@@ -55,6 +55,7 @@ def preprocess(src: str) -> str:
     for cuda, emu in (("cudaFuncSetAttribute(", "func_set_attribute("),
                       ("cudaGetDevice(", "get_device("),
                       ("cudaDeviceGetAttribute(", "device_get_attribute("),
+                      ("tvllm_sm_count(", "sm_count("),
                       ("cudaOccupancyMaxActiveBlocksPerMultiprocessor(", "occupancy("),
                       ("cudaFuncGetAttributes(", "func_get_attributes("),
                       ("cudaLaunchKernelEx(", "launch_ex(")):
