@@ -157,6 +157,13 @@ def test_the_expectations_table():
     assert gpu_class.compare("h_include_solution", ref, True, True) == []
     ref["problems"] = []
     assert gpu_class.compare("h_include_solution", ref, True, True)
+    # the include bomb: killed at the compile timeout or stopped at the depth limit, never ok
+    for build in ("FAILED\nthe compiler did not finish within 180 s (an include bomb?): killed",
+                  "FAILED\nembedding.cu:1:24: error: #include nested depth 200 exceeds maximum"):
+        bomb = _record({n: "failed" for n in names}, 0.0, build)
+        assert gpu_class.compare("h_include_bomb", bomb, True, True) == [], build
+    bomb["build"] = "ok"
+    assert gpu_class.compare("h_include_bomb", bomb, True, True)
     # without a CUDA device: every GPU test not graded, nobody above 0
     cpu = _record({n: "not_graded" for n in names}, 0.0, "ok")
     assert gpu_class.compare(gpu_class.HONEST, cpu, False, True) == []
