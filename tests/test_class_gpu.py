@@ -187,3 +187,14 @@ def test_the_gpu_class_without_a_gpu(tmp_path):
     assert ok is None, "\n".join(table) + "".join(lines)[-3000:]   # not graded, never passed
     assert "not graded: no CUDA device" in table[-1]
     assert (tmp_path / "out" / "gpu_class.json").exists()
+
+
+@pytest.mark.skipif(_has_cuda(), reason="on a GPU machine `grader verify` grades this class")
+def test_one_student_of_the_gpu_class(tmp_path):
+    """--only with one student: `grader class --json` writes a lone record bare, not in a
+    list, and the checker reads both."""
+    with open(os.devnull, "w") as sink:
+        ok, table = gpu_class.check(None, ["h_include_solution"], sink,
+                                    {"--compile-timeout": "10"})
+    assert ok is None, "\n".join(table)
+    assert table[2].startswith("| h_include_solution |") and table[2].endswith(" ok |"), table
