@@ -31,6 +31,7 @@ OPS: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
     "prefill_attention": [("12", "flash_attention"), ("07", "attention")],
     "silu_mul": ("08", "activation"),
     "linear_silu_mul": ("08", "activation"),
+    "add_rmsnorm_linear": ("08", "norm_linear"),
     "argmax": ("08", "argmax"),
     "decode_attention": ("09", "decode_attention"),
     "cache_write": ("13", "cache_write"),

@@ -1,5 +1,9 @@
 // torch.ops.tinyvllm.linear: checks, then the launcher in gemm.cu on torch's cuBLAS handle.
 // torch.ops.tinyvllm.linear_silu_mul: checks, then gemv.cu's GEMV with the SiLU-mul epilogue.
+// torch.ops.tinyvllm.rmsnorm_linear: checks, then gemv.cu's one-token GEMV with stage 04's
+// (fused add and) RMSNorm as its prologue; rmsnorm_linear_fits says where it runs.
+#include <optional>
+
 #include <ATen/cuda/CUDAContext.h>
 
 #include "binding.h"
@@ -9,6 +13,10 @@ tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataT
                            int64_t tokens, int64_t in_features, int64_t out_features, bool gemv);
 tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, int64_t tokens,
                                   int64_t in_features, int64_t inter, cudaStream_t stream);
+bool gemv_norm_fits(int64_t in_features, int64_t out_features);
+tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
+                              float eps, const void* weight, void* y, int64_t in_features,
+                              int64_t out_features, int64_t inter, cudaStream_t stream);
 
 namespace {
 
@@ -66,9 +74,54 @@ void linear_silu_mul(const at::Tensor& x, const at::Tensor& weight, at::Tensor& 
                       "linear_silu_mul");
 }
 
+// x: [1, in] bf16; add: [1, in] bf16 or None; sum: [1, in] bf16 or None, its own buffer (gets
+// x + add); norm: [in] bf16; weight: [out, in] bf16, [2 inter, in] when inter > 0 (gate rows,
+// then up rows) -> out: [1, out], or [1, inter] = silu_mul of the pair. See gemv.cu.
+void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
+                    const std::optional<at::Tensor>& sum, const at::Tensor& norm, double eps,
+                    const at::Tensor& weight, at::Tensor& out, int64_t inter) {
+  tvllm::check_tensor(x, "x", at::kBFloat16, 2);
+  tvllm::check_tensor(norm, "norm", at::kBFloat16, 1);
+  tvllm::check_tensor(weight, "weight", at::kBFloat16, 2);
+  tvllm::check_tensor(out, "out", at::kBFloat16, 2);
+  tvllm::check_same_device(x, norm);
+  tvllm::check_same_device(x, weight);
+  tvllm::check_same_device(x, out);
+  TORCH_CHECK(x.size(0) == 1, "rmsnorm_linear: one token, got x of shape ", x.sizes());
+  TORCH_CHECK(norm.size(0) == x.size(1) && weight.size(1) == x.size(1),
+              "rmsnorm_linear: x has ", x.size(1), " features; norm must be [", x.size(1),
+              "] and weight [out, ", x.size(1), "], got ", norm.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(inter >= 0 && (inter == 0 || weight.size(0) == 2 * inter),
+              "rmsnorm_linear: a paired weight must be [2 * inter, in], got ", weight.sizes());
+  const int64_t outs = inter > 0 ? inter : weight.size(0);
+  TORCH_CHECK(out.size(0) == 1 && out.size(1) == outs, "rmsnorm_linear: out must be [1, ", outs,
+              "], got ", out.sizes());
+  for (const auto* t : {&add, &sum}) {
+    if (!t->has_value()) continue;
+    tvllm::check_tensor(**t, t == &add ? "add" : "sum", at::kBFloat16, 2);
+    tvllm::check_same_device(x, **t);
+    TORCH_CHECK((*t)->sizes() == x.sizes(), "rmsnorm_linear: add and sum must be x's shape ",
+                x.sizes(), ", got ", (*t)->sizes());
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  tvllm::check_launch(
+      launch_gemv_norm(x.data_ptr(), add ? add->data_ptr() : nullptr,
+                       sum ? sum->data_ptr() : nullptr, norm.data_ptr(), static_cast<float>(eps),
+                       weight.data_ptr(), out.data_ptr(), x.size(1), weight.size(0), inter,
+                       tvllm::stream()),
+      "rmsnorm_linear");
+}
+
+bool rmsnorm_linear_fits(int64_t in_features, int64_t out_features) {
+  return gemv_norm_fits(in_features, out_features);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv) -> ()", &linear);
   m.def("linear_silu_mul(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear_silu_mul);
+  m.def("rmsnorm_linear(Tensor x, Tensor? add, Tensor(a!)? sum, Tensor norm, float eps, "
+        "Tensor weight, Tensor(b!) out, int inter) -> ()", &rmsnorm_linear);
+  m.def("rmsnorm_linear_fits(int in_features, int out_features) -> bool", &rmsnorm_linear_fits);
 }

@@ -276,6 +276,14 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // One token only (x of 8 tokens would take 128 KB of shared memory at in = 8192), rows of a
 // multiple of 1024 columns (in % 1024 == 0: Llama-3.2-1B's 2048 and 8192; SmolLM2's 576 goes
 // to gemv_kernel). Given code: read it; `launch` below chooses it (tma_fits).
+//
+// It may also take a decoder layer's RMSNorm (and the residual add before it) as a prologue
+// (`Prologue`, launch_gemv_norm): x in shared memory is then stage 04's fused_add_rmsnorm of
+// x and `add`, each block computing the row's sum of squares itself while its first weight
+// stages are in flight, and the blocks together writing x + add (the new residual stream) to
+// `sum`. That is one kernel fewer per projection that follows a norm: 32 of a Llama-3.2-1B
+// decode step (the H200, twelfth session: a batch-1 token took 0.941 ms with the RMSNorm
+// kernels, 0.873 ms with them left out, wrong but timed).
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
 constexpr int kTmaStages = 2;                             // ring slots of 16 KB
@@ -284,7 +292,7 @@ constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 128 pieces: a warp'
 constexpr int kTmaBlocksPerSm = 2;
 constexpr int kTmaMaxIn = 16384;
 constexpr int kTmaMaxSums = 4096;                         // rows x halves a block sums
-constexpr size_t kTmaHead = 128;                          // the stages' mbarriers, then the ring
+constexpr size_t kTmaHead = 128;  // the stages' mbarriers and the prologue's warp sums, then the ring
 // At least this much shared memory a block, so that no more than 2 of these blocks share an
 // SM of 228 KB (all sm_90 GPUs): the next GEMV's blocks, launched early under PDL, find no
 // room beside the running one's and wait until it leaves, while the step's small kernels
@@ -294,7 +302,69 @@ constexpr size_t kTmaHead = 128;                          // the stages' mbarrie
 // bandwidth from the running one: every GEMV of a step is on its critical path.
 constexpr size_t kTmaMinSmem = 80 * 1024;
 
-// Shared memory: mbarriers, ring, x (in bf16), the float32 sums of `sums` rows.
+// What gemv_kernel_tma does to x before the product: nothing (norm == nullptr), or
+//     s = round(x + add) (add == nullptr: s = x),  x = round(norm * round(s * rsqrt(mean(s^2) + eps)))
+// with stage 04's roundings; when `sum` is given, s is stored there (the whole row, each block
+// its share of it; never in place of x or add: other blocks are still reading them).
+struct Prologue {
+  const __nv_bfloat16* add = nullptr;   // [in]: the residual stream before the add, or none
+  __nv_bfloat16* sum = nullptr;         // [in]: where s goes, or nowhere
+  const __nv_bfloat16* norm = nullptr;  // [in]: the RMSNorm's weight, or no prologue
+  float eps = 0.f;
+};
+// x into shared memory as the product uses it (Prologue); warp_sums: kTmaWarps floats of
+// shared memory; w0: the norm weight's piece tid, read before the PDL wait (at hidden 2048,
+// the only one: the second pass then waits for no load). s waits in xs between the two passes
+// (registers would hold up to 8 packs a thread: 160 registers, one block per SM instead of
+// two). Ends with a barrier: xs is complete.
+__device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, const Prologue& pro,
+                                        const BF8& w0, float* warp_sums) {
+  const int tid = threadIdx.x;
+  if (pro.norm == nullptr) {
+    for (int i = tid; i < pieces; i += kTmaThreads) xs[i] = xg[i];
+    __syncthreads();
+    return;
+  }
+  const uint4* add = reinterpret_cast<const uint4*>(pro.add);
+  const int mine = static_cast<int>(static_cast<int64_t>(blockIdx.x) * pieces / gridDim.x);
+  const int next = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * pieces / gridDim.x);
+  float sq = 0.f;
+  for (int i = tid; i < pieces; i += kTmaThreads) {
+    BF8 s = as_bf8(xg[i]);
+    if (add != nullptr) {
+      const BF8 r = as_bf8(add[i]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s.v[e] = __float2bfloat16_rn(to_float(s.v[e]) + to_float(r.v[e]));
+      if (pro.sum != nullptr && i >= mine && i < next) reinterpret_cast<BF8*>(pro.sum)[i] = s;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sq += to_float(s.v[e]) * to_float(s.v[e]);
+    reinterpret_cast<BF8*>(xs)[i] = s;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, offset);
+  if (tid % 32 == 0) warp_sums[tid / 32] = sq;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kTmaWarps; ++w) total += warp_sums[w];
+  const float inv_rms = rsqrtf(total / static_cast<float>(pieces * 8) + pro.eps);
+  const uint4* norm = reinterpret_cast<const uint4*>(pro.norm);
+  for (int i = tid; i < pieces; i += kTmaThreads) {  // the same pieces as above: no barrier
+    const BF8 s = reinterpret_cast<const BF8*>(xs)[i], w = i == tid ? w0 : as_bf8(norm[i]);
+    BF8 o;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float normed = to_float(__float2bfloat16_rn(to_float(s.v[e]) * inv_rms));
+      o.v[e] = __float2bfloat16_rn(to_float(w.v[e]) * normed);
+    }
+    reinterpret_cast<BF8*>(xs)[i] = o;
+  }
+  __syncthreads();
+}
+
+// Shared memory: mbarriers and the prologue's warp sums, ring, x (in bf16), the float32 sums
+// of `sums` rows.
 __host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums) {
   return kTmaHead + static_cast<size_t>(kTmaStages) * kTmaStagePieces * 16 +
          static_cast<size_t>(in_features) * 2 + static_cast<size_t>(sums) * sizeof(float);
@@ -311,13 +381,16 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 // x: [1, in] bf16, weight: [out, in] bf16 (pair > 0: [2 out, in], gate rows then up rows),
 // y: [1, out] of OutT; in % 1024 == 0, in <= kTmaMaxIn; dynamic shared memory
 // tma_smem_bytes(in, ceil(out / grid) x (pair ? 2 : 1)).
+// Two blocks an SM (kTmaMinSmem makes sure of no more), and the compiler is told so: at most
+// 128 registers a thread, or one block fits and the stream halves.
 template <typename OutT>
-__global__ void __launch_bounds__(kTmaThreads)
+__global__ void __launch_bounds__(kTmaThreads, kTmaBlocksPerSm)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
-                OutT* __restrict__ y, int in_features, int out_features, int pair) {
+                OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro) {
   extern __shared__ uint4 smem[];
   allow_next_kernel_to_start();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
+  float* warp_sums = reinterpret_cast<float*>(smem + 4);  // after the mbarriers, in kTmaHead
   uint4* ring = smem + kTmaHead / 16;
   uint4* xs = ring + kTmaStages * kTmaStagePieces;
   const int pieces = in_features / 8;
@@ -348,10 +421,10 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
   __syncthreads();  // the barriers are initialized before anyone waits on them
   if (tid == 0)
     for (int k = 0; k < kTmaStages; ++k) request(k);  // before the wait: weights only
+  BF8 w0{};  // no kernel writes the norm's weight: read before the wait
+  if (pro.norm != nullptr && tid < pieces) w0 = as_bf8(reinterpret_cast<const uint4*>(pro.norm)[tid]);
   wait_for_previous_kernel();
-  const uint4* xg = reinterpret_cast<const uint4*>(x);
-  for (int i = tid; i < pieces; i += kTmaThreads) xs[i] = xg[i];
-  __syncthreads();
+  stage_x(xs, reinterpret_cast<const uint4*>(x), pieces, pro, w0, warp_sums);
   const int h = warp * kTmaRun / half, first = warp * kTmaRun % half;  // this warp's run
   for (int k = 0; k < stages; ++k) {
     barrier_wait(&full[k % kTmaStages], (k / kTmaStages) & 1);
@@ -411,7 +484,8 @@ bool tma_fits(int in_features, int out_features) {
 // kernel has the wait (pdl.cuh's launch_early). The caller checked tma_fits (or, in the CPU emulator, the shapes).
 template <typename OutT>
 tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
-                        int in_features, int out_features, int pair, cudaStream_t stream) {
+                        int in_features, int out_features, int pair, cudaStream_t stream,
+                        const Prologue& pro = Prologue{}) {
   static const int sms = tvllm_sm_count();
   if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
   if (!tma_shape(in_features, out_features))
@@ -430,7 +504,7 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   }
   const cudaError_t err = launch_early(gemv_kernel_tma<OutT>, dim3(blocks), dim3(kTmaThreads),
                                        smem, stream, x, weight, y, in_features, out_features,
-                                       pair);
+                                       pair, pro);
   return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
 }
 
@@ -513,4 +587,35 @@ tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, in
   return launch_tokens(static_cast<const __nv_bfloat16*>(x),
                        static_cast<const __nv_bfloat16*>(weight), static_cast<__nv_bfloat16*>(y),
                        static_cast<int>(tokens), static_cast<int>(in_features), n, n, stream);
+}
+
+// Whether launch_gemv_norm runs here: gemv_kernel_tma takes one token of these sizes (sm_90
+// code, TINYVLLM_GEMV_TMA not 0, in % 1024 == 0) and TINYVLLM_GEMV_NORM is not 0 (to measure
+// the gain). Else the caller runs stage 04's norm, then linear (or linear_silu_mul).
+bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
+  static const bool wanted = !turned_off("TINYVLLM_GEMV_NORM");
+  return wanted && in_features < (int64_t{1} << 30) && out_features < (int64_t{1} << 30) &&
+         tma_fits<__nv_bfloat16>(static_cast<int>(in_features), static_cast<int>(out_features));
+}
+
+// y = rmsnorm(x + add) @ weight^T for one bf16 token, the norm as gemv_kernel_tma's prologue;
+// with inter > 0 the product is linear_silu_mul's (weight [2 inter, in], y [1, inter]).
+// x, add, sum, norm: [1, in] bf16 (add, sum may be null: no add, the sum not stored; sum never
+// x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16.
+// gemv_norm_fits(in, out) must hold.
+tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
+                              float eps, const void* weight, void* y, int64_t in_features,
+                              int64_t out_features, int64_t inter, cudaStream_t stream) {
+  if (!gemv_norm_fits(in_features, out_features) ||
+      !gemv_fits(true, 1, in_features, out_features, x, weight))
+    return "gemv with RMSNorm: needs the bulk-copy GEMV (an sm_90 build, one token, "
+           "in_features a multiple of 1024) and 16-byte aligned x and weight";
+  if ((inter > 0 && out_features != 2 * inter) || (sum != nullptr && (sum == x || sum == add)))
+    return "gemv with RMSNorm: a paired weight has 2 * inter rows, and sum must be its own buffer";
+  const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),
+                     static_cast<const __nv_bfloat16*>(norm), eps};
+  const int n = static_cast<int>(inter > 0 ? inter : out_features);
+  return launch_tma(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
+                    static_cast<__nv_bfloat16*>(y), static_cast<int>(in_features), n,
+                    static_cast<int>(inter), stream, pro);
 }

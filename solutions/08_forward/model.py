@@ -13,6 +13,10 @@ resolver, so grading stage NN runs the student's kernel of stage NN inside this 
     embedding (03), rmsnorm / fused_add_rmsnorm (04), cos_sin_cache / apply_rope_ (05),
     linear (06), prefill_attention (07), silu_mul (in linear_silu_mul) / argmax (08).
 
+A block's output is added to the stream where the next block starts: each block begins with
+`add_rmsnorm_linear` (norm_linear.py, given), the residual add, the norm and the block's
+first projection in one op, which at one token on an sm_90 GPU is one kernel.
+
 Several sequences can run in one call, packed one after another into the token dimension
 (the layout vLLM calls "varlen"). Attention is the only op that needs to know where each
 sequence starts; `AttentionMetadata` (attention_metadata.py) tells it, and an attention
@@ -39,10 +43,10 @@ _meta = parts.load("08", "attention_metadata")
 AttentionMetadata, PrefillAttention = _meta.AttentionMetadata, _meta.PrefillAttention
 packed_inputs = _meta.packed_inputs
 embedding = ops.get("embedding")
-rmsnorm, fused_add_rmsnorm = ops.get("rmsnorm"), ops.get("fused_add_rmsnorm")
+fused_add_rmsnorm = ops.get("fused_add_rmsnorm")
 cos_sin_cache, apply_rope_ = ops.get("cos_sin_cache"), ops.get("apply_rope_")
 linear = ops.get("linear")
-linear_silu_mul = ops.get("linear_silu_mul")
+add_rmsnorm_linear = ops.get("add_rmsnorm_linear")
 argmax = ops.get("argmax")
 ids_error = parts.load("03", "embedding").out_of_range_error
 positions_error = parts.load("05", "rope").out_of_range_error
@@ -165,22 +169,15 @@ class LlamaModel:
         Returns [T, H] in the model's dtype, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
         """
-        eps = self.config.rms_norm_eps
         hidden = []
         h = embedding(ids, self.embed_tokens, check=False)          # [T, H]
-        residual = None
+        residual = None             # layer 0: the stream starts as the embeddings
         for i, layer in enumerate(self.layers):
-            if residual is None:    # layer 0: the residual stream starts as the embeddings
-                residual = h
-                x = rmsnorm(h, layer.input_norm, eps)
-            else:                   # add the last MLP's output to the stream, and normalize
-                x, residual = fused_add_rmsnorm(h, residual, layer.input_norm, eps)
-                if return_hidden:
-                    hidden.append(residual.clone())
-            h = self.attention_block(i, layer, x, positions, meta)
-            x, residual = fused_add_rmsnorm(h, residual, layer.post_norm, eps)
-            h = self.mlp_block(layer, x)
-        x, residual = fused_add_rmsnorm(h, residual, self.final_norm, eps)
+            h, residual = self.attention_block(i, layer, h, residual, positions, meta)
+            if return_hidden and i > 0:     # the stream after layer i - 1
+                hidden.append(residual.clone())
+            h, residual = self.mlp_block(layer, h, residual)
+        x, residual = fused_add_rmsnorm(h, residual, self.final_norm, self.config.rms_norm_eps)
         if return_hidden:
             hidden.append(residual.clone())
             return x, hidden
@@ -188,21 +185,25 @@ class LlamaModel:
 
     __call__ = forward
 
-    def attention_block(self, index: int, layer: LayerWeights, x: torch.Tensor,
-                        positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """x: [T, H] (normalized) -> the attention's output projection [T, H].
+    def attention_block(self, index: int, layer: LayerWeights, h: torch.Tensor,
+                        residual: torch.Tensor | None, positions: torch.Tensor,
+                        meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: [T, H], the last block's output (at layer 0 the embeddings, residual None);
+        residual: [T, H], the stream before it -> (the attention's output projection [T, H],
+        the stream h + residual [T, H]).
 
         index: the layer's number (the backend keeps one KV cache per layer)."""
         c = self.config
-        T, d = x.shape[0], self.head_dim
+        T, d = h.shape[0], self.head_dim
         nh, nkv = c.num_attention_heads, c.num_key_value_heads
-        # BEGIN SOLUTION: qkv linear; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear
-        qkv = linear(x, layer.qkv)                                  # [T, (nh + 2 nkv) d]
+        # BEGIN SOLUTION: add_rmsnorm_linear with input_norm and qkv; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear
+        qkv, residual = add_rmsnorm_linear(h, residual, layer.input_norm, c.rms_norm_eps,
+                                           layer.qkv)                # [T, (nh + 2 nkv) d]
         q = qkv[:, : nh * d].view(T, nh, d)
         k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
         attn = self.rope_attention(index, q, k, v, positions, meta)  # [T, nh, d]
-        return linear(attn.reshape(T, nh * d), layer.o)             # [T, H]
+        return linear(attn.reshape(T, nh * d), layer.o), residual  # [T, H]
         # END SOLUTION
 
     def rope_attention(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -219,11 +220,16 @@ class LlamaModel:
         apply_rope_(q, k, positions, self.cos_sin, check=False)  # check_inputs did it
         return self.attention(index, q, k, v, meta, self.scale)
 
-    def mlp_block(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] (normalized) -> down_proj(silu(gate_proj(x)) * up_proj(x)) [T, H]."""
-        # BEGIN SOLUTION: linear_silu_mul with gate_up (linear then your silu_mul; one GEMV kernel at one token), one linear with down
-        act = linear_silu_mul(x, layer.gate_up)                     # [T, I]
-        return linear(act, layer.down)                              # [T, H]
+    def mlp_block(self, layer: LayerWeights, h: torch.Tensor, residual: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h: [T, H], the attention's output; residual: [T, H], the stream before it ->
+        (down_proj(silu(gate_proj(x)) * up_proj(x)) [T, H] for x = rmsnorm(h + residual),
+        the stream h + residual [T, H])."""
+        # BEGIN SOLUTION: add_rmsnorm_linear with post_norm and gate_up, silu_mul=True (its linear_silu_mul runs your silu_mul); one linear with down
+        act, residual = add_rmsnorm_linear(h, residual, layer.post_norm,
+                                           self.config.rms_norm_eps, layer.gate_up,
+                                           silu_mul=True)            # [T, I]
+        return linear(act, layer.down), residual                    # [T, H]
         # END SOLUTION
 
     def compute_logits(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

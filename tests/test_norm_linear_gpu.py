@@ -1,0 +1,89 @@
+"""Stage 08's add_rmsnorm_linear on a GPU: at one bf16 token on an sm_90 GPU, stage 06's
+bulk-copy GEMV with the RMSNorm as its prologue (gemv.cu, `Prologue`); elsewhere the two ops
+it stands for. Both must give what stage 04's norm then stage 06's linear give."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course import ops, parts
+from course.testing import checks
+
+
+def _hopper() -> bool:
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+def _kernels_of(call):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = call()
+        torch.cuda.synchronize()
+    return result, [e.name for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+# (tokens, in, out, silu_mul, add): Llama-3.2-1B's qkv and gate_up at one token, layer 0 (no
+# add), 8192 columns; SmolLM2's 576 columns and two tokens take the two-op path.
+CASES = [(1, 2048, 3072, False, True), (1, 2048, 8192, True, True), (1, 2048, 3072, False, False),
+         (1, 8192, 512, False, True), (1, 576, 960, False, True), (2, 2048, 3072, False, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,in_features,out_features,silu_mul,add", CASES,
+                         ids=lambda v: str(v))
+def test_add_rmsnorm_linear_equals_norm_then_linear(seed, tokens, in_features, out_features,
+                                                     silu_mul, add):
+    """The stream equals stage 04's x + residual exactly; y equals rmsnorm then linear (or
+    linear_silu_mul) within bf16 rounding -- the norm's sum of squares is added in another
+    order in the GEMV's blocks; and on sm_90 one token runs as one kernel, gemv_kernel_tma,
+    with no RMSNorm kernel beside it."""
+    gen = checks.generator("cuda", seed)
+    x = checks.randn((tokens, in_features), torch.bfloat16, "cuda", gen)
+    residual = checks.randn((tokens, in_features), torch.bfloat16, "cuda", gen)
+    norm = (1 + 0.1 * checks.randn((in_features,), torch.float32, "cuda", gen)).bfloat16()
+    rows = 2 * out_features if silu_mul else out_features
+    w = (checks.randn((rows, in_features), torch.float32, "cuda", gen)
+         * in_features ** -0.5).bfloat16()
+    op = ops.get("add_rmsnorm_linear")
+    x0, r0 = x.clone(), residual.clone()
+    (y, stream), ran = _kernels_of(
+        lambda: op(x.clone(), residual.clone() if add else None, norm, 1e-5, w, silu_mul=silu_mul))
+    rms = parts.reference("04", "rmsnorm")
+    if add:
+        normed, expected_stream = rms.fused_add_rmsnorm_native(x0, r0, norm, 1e-5)
+    else:
+        normed, expected_stream = rms.rmsnorm_native(x0, norm, 1e-5), x0
+    checks.assert_equal(stream, expected_stream, what="the stream x + residual")
+    expected = F.linear(normed.float(), w.float())
+    if silu_mul:
+        expected = parts.reference("08", "activation").silu_mul_native(expected.bfloat16())
+    checks.assert_close(y, expected, dtype=torch.bfloat16, what="y = linear(rmsnorm(x + residual))")
+    one_kernel = tokens == 1 and in_features % 1024 == 0 and _hopper()
+    tma = [n for n in ran if "gemv_kernel_tma" in n]
+    norms = [n for n in ran if "rmsnorm" in n]
+    assert bool(tma and not norms) == one_kernel, (
+        f"expected {'one gemv_kernel_tma and no RMSNorm kernel' if one_kernel else 'the norm, then the projection'}"
+        f", the GPU ran {sorted(set(ran))}")
+
+
+@pytest.mark.gpu
+def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
+    """The binding names what is wrong: two tokens, a norm of the wrong length, a paired
+    weight of the wrong height, a sum that is x itself."""
+    if not (_hopper() and parts.kernels().rmsnorm_linear_fits(2048, 64)):
+        pytest.skip("the GEMV with the norm runs on sm_90 code only")
+    gen = checks.generator("cuda", seed)
+    x = checks.randn((2, 2048), torch.bfloat16, "cuda", gen)
+    norm = torch.ones(2048, dtype=torch.bfloat16, device="cuda")
+    w = checks.randn((64, 2048), torch.bfloat16, "cuda", gen)
+    out = torch.empty((1, 64), dtype=torch.bfloat16, device="cuda")
+    k = parts.kernels()
+    with pytest.raises(RuntimeError, match="one token"):
+        k.rmsnorm_linear(x, None, None, norm, 1e-5, w, out, 0)
+    with pytest.raises(RuntimeError, match="norm must be"):
+        k.rmsnorm_linear(x[:1], None, None, norm[:1024], 1e-5, w, out, 0)
+    with pytest.raises(RuntimeError, match="paired weight"):
+        k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w[:63], out, 31)
+    with pytest.raises(RuntimeError, match="own buffer"):
+        k.rmsnorm_linear(x[:1], x[1:], x[:1], norm, 1e-5, w, out, 0)
