@@ -226,7 +226,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // x and `add`, each block computing the row's sum of squares itself while its first weight
 // stages are in flight, and the blocks together writing x + add (the new residual stream) to
 // `sum`. That is one kernel fewer per projection that follows a norm: 32 of a Llama-3.2-1B
-// decode step (the H200, twelfth session: a batch-1 token took 0.941 ms with the RMSNorm
+// decode step (the H200, fourteenth session: a batch-1 token took 0.941 ms with the RMSNorm
 // kernels, 0.873 ms with them left out, wrong but timed).
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
