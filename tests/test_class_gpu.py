@@ -191,8 +191,8 @@ def test_the_gpu_class_without_a_gpu(tmp_path):
 
 @pytest.mark.skipif(_has_cuda(), reason="on a GPU machine `grader verify` grades this class")
 def test_one_student_of_the_gpu_class(tmp_path):
-    """--only with one student: `grader class --json` writes a lone record bare, not in a
-    list, and the checker reads both."""
+    """--only with one student: `grader class --json` writes a list of one record (it
+    once wrote a lone record bare, and the checker crashed reading it)."""
     with open(os.devnull, "w") as sink:
         ok, table = gpu_class.check(None, ["h_include_solution"], sink,
                                     {"--compile-timeout": "10"})

@@ -209,8 +209,7 @@ def check(out: Path | None = None, only: list[str] | None = None, stream=sys.std
         if proc.returncode != 0 or not report.exists():
             return False, [f"| GPU class (stage {STAGE}) | grader class exited "
                            f"{proc.returncode} |"] + ["".join(log)[-3000:]]
-        graded = json.loads(report.read_text())   # one record alone is written bare
-        records = {r["student"]: r for r in (graded if isinstance(graded, list) else [graded])}
+        records = {r["student"]: r for r in json.loads(report.read_text())}
     lines = [f"| GPU class (stage {STAGE}, {len(names)} students, {seconds:.0f} s, "
              f"{'CUDA' if on_gpu else 'no CUDA device'}) | expected | got |", "| --- | --- | --- |"]
     ok = True
