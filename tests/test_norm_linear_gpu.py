@@ -70,7 +70,7 @@ def test_add_rmsnorm_linear_equals_norm_then_linear(seed, tokens, in_features, o
 @pytest.mark.gpu
 def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
     """The binding names what is wrong: two tokens, a norm of the wrong length, a paired
-    weight of the wrong height, a sum that is x itself."""
+    weight of the wrong height, a sum that is x itself, a misaligned norm weight."""
     if not (_hopper() and parts.kernels().rmsnorm_linear_fits(2048, 64)):
         pytest.skip("the GEMV with the norm runs on sm_90 code only")
     gen = checks.generator("cuda", seed)
@@ -87,3 +87,6 @@ def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
         k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w[:63], out, 31)
     with pytest.raises(RuntimeError, match="own buffer"):
         k.rmsnorm_linear(x[:1], x[1:], x[:1], norm, 1e-5, w, out, 0)
+    flat = torch.ones(2056, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        k.rmsnorm_linear(x[:1], None, None, flat[1:2049], 1e-5, w, out, 0)

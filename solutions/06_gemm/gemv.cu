@@ -612,6 +612,9 @@ tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const v
            "in_features a multiple of 1024) and 16-byte aligned x and weight";
   if ((inter > 0 && out_features != 2 * inter) || (sum != nullptr && (sum == x || sum == add)))
     return "gemv with RMSNorm: a paired weight has 2 * inter rows, and sum must be its own buffer";
+  for (const void* p : {add, static_cast<const void*>(sum), norm})
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      return "gemv with RMSNorm: add, sum and the norm's weight must be 16-byte aligned";
   const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),
                      static_cast<const __nv_bfloat16*>(norm), eps};
   const int n = static_cast<int>(inter > 0 ? inter : out_features);
