@@ -15,14 +15,6 @@ def _hopper() -> bool:
     return torch.cuda.get_device_capability() >= (9, 0)
 
 
-def _kernels_of(call):
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        result = call()
-        torch.cuda.synchronize()
-    return result, [e.name for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 # (tokens, in, out, silu_mul, add): Llama-3.2-1B's qkv and gate_up at one token, layer 0 (no
 # add), 8192 columns; SmolLM2's 576 columns and two tokens take the two-op path.
 CASES = [(1, 2048, 3072, False, True), (1, 2048, 8192, True, True), (1, 2048, 3072, False, False),
@@ -47,7 +39,7 @@ def test_add_rmsnorm_linear_equals_norm_then_linear(seed, tokens, in_features, o
          * in_features ** -0.5).bfloat16()
     op = ops.get("add_rmsnorm_linear")
     x0, r0 = x.clone(), residual.clone()
-    (y, stream), ran = _kernels_of(
+    (y, stream), ran = checks.kernels_of(
         lambda: op(x.clone(), residual.clone() if add else None, norm, 1e-5, w, silu_mul=silu_mul))
     rms = parts.reference("04", "rmsnorm")
     if add:

@@ -133,3 +133,13 @@ def assert_unmodified(before: torch.Tensor, after: torch.Tensor, name: str) -> N
     same = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
     if a.shape != b.shape or not bool(same.all()):
         raise AssertionError(f"input {name} was modified by the kernel; it must only be read")
+
+
+def kernels_of(call):
+    """call()'s result and the names of the GPU kernels it ran (torch.profiler), to check
+    which kernel an op dispatched to."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = call()
+        torch.cuda.synchronize()
+    return result, [e.name for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA]

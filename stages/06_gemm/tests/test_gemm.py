@@ -188,15 +188,6 @@ def test_gemv_float32_logits(seed, in_features, out_features, tokens):
                         hint="write from_float<OutT>(sum): OutT is float for logits")
 
 
-def _kernels_of(call):
-    """call()'s result and the names of the GPU kernels it ran."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        result = call()
-        torch.cuda.synchronize()
-    return result, [e.name for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @pytest.mark.gpu
 def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
     """The dispatch: by default one bf16 token goes to gemv_kernel and more to cuBLAS; with
@@ -220,7 +211,7 @@ def test_gemv_runs_for_decode_and_cublas_otherwise(seed):
              "in = 100, gemv=True": (odd_x[:1], odd_w, True, False),
              "misaligned x, gemv=True": (shifted[:1], w, True, False)}
     for name, (xs, ws, gemv, expect_gemv) in cases.items():
-        got, ran = _kernels_of(lambda: op.linear(xs, ws, gemv=gemv))
+        got, ran = checks.kernels_of(lambda: op.linear(xs, ws, gemv=gemv))
         used_gemv = any("gemv_kernel" in n for n in ran)
         assert used_gemv == expect_gemv, (
             f"{name}: expected {'gemv_kernel' if expect_gemv else 'cuBLAS only'}, the GPU ran "
@@ -298,9 +289,9 @@ def test_one_token_takes_bulk_copies_on_hopper(seed):
         x, w = make_inputs(gen, tokens, in_features, rows)
         if paired:
             got = torch.empty((tokens, out_features), dtype=torch.bfloat16, device="cuda")
-            _, ran = _kernels_of(lambda: parts.kernels().linear_silu_mul(x, w, got))
+            _, ran = checks.kernels_of(lambda: parts.kernels().linear_silu_mul(x, w, got))
         else:
-            got, ran = _kernels_of(lambda: op.linear(x, w, gemv=True))
+            got, ran = checks.kernels_of(lambda: op.linear(x, w, gemv=True))
         used_tma = any("gemv_kernel_tma" in n for n in ran)
         assert used_tma == expect_tma, (
             f"{name}: expected {'gemv_kernel_tma' if expect_tma else 'gemv_kernel'}, the GPU "
