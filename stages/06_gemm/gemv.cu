@@ -46,7 +46,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
-#include <cstdlib>
 
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
@@ -232,7 +231,6 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
 constexpr int kTmaStages = 2;                             // ring slots of 16 KB
-constexpr int kTmaMaxStages = 4;                          // ... with TINYVLLM_GEMV_SLOTS
 constexpr int kTmaStagePieces = 1024;                     // 16 KB
 constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 128 pieces: a warp's share of a stage
 constexpr int kTmaBlocksPerSm = 2;
@@ -311,13 +309,13 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, 
 
 // Shared memory: mbarriers and the prologue's warp sums, ring, x (in bf16), the float32 sums
 // of `sums` rows.
-__host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums, int slots) {
-  return kTmaHead + static_cast<size_t>(slots) * kTmaStagePieces * 16 +
+__host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums) {
+  return kTmaHead + static_cast<size_t>(kTmaStages) * kTmaStagePieces * 16 +
          static_cast<size_t>(in_features) * 2 + static_cast<size_t>(sums) * sizeof(float);
 }
 // The most a launch asks for: the kernel's shared-memory opt-in.
-constexpr size_t kTmaMaxSmem = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums, kTmaMaxStages) > kTmaMinSmem
-                                   ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums, kTmaMaxStages) : kTmaMinSmem;
+constexpr size_t kTmaMaxSmem = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) > kTmaMinSmem
+                                   ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) : kTmaMinSmem;
 
 // The rows gemv_kernel_tma takes: whole runs (in % 1024 == 0), x within its shared memory.
 __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) {
@@ -332,14 +330,13 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 template <typename OutT>
 __global__ void __launch_bounds__(kTmaThreads, kTmaBlocksPerSm)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
-                OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro,
-                int slots) {
+                OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro) {
   extern __shared__ uint4 smem[];
   allow_next_kernel_to_start();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
   float* warp_sums = reinterpret_cast<float*>(smem + 4);  // after the mbarriers, in kTmaHead
   uint4* ring = smem + kTmaHead / 16;
-  uint4* xs = ring + slots * kTmaStagePieces;
+  uint4* xs = ring + kTmaStages * kTmaStagePieces;
   const int pieces = in_features / 8;
   float* sums = reinterpret_cast<float*>(xs + pieces);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -352,33 +349,33 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   const uint4* from[2] = {w + static_cast<int64_t>(r0) * pieces,
                           w + static_cast<int64_t>(r0 + pair) * pieces};
-  // Stage k (if any) into slot k % slots: thread 0 only.
+  // Stage k (if any) into slot k % kTmaStages: thread 0 only.
   auto request = [&](int k) {
     if (k >= stages) return;
     const int64_t offset = static_cast<int64_t>(k) * half;
     const int n = static_cast<int>(stretch - offset < half ? stretch - offset : half);
-    uint64_t* bar = &full[k % slots];
+    uint64_t* bar = &full[k % kTmaStages];
     barrier_expect_bytes(bar, static_cast<unsigned>(n * 16 * halves));
-    uint4* slot = ring + (k % slots) * kTmaStagePieces;
+    uint4* slot = ring + (k % kTmaStages) * kTmaStagePieces;
     for (int h = 0; h < halves; ++h) bulk_copy(slot + h * half, from[h] + offset, n * 16, bar);
   };
   if (tid == 0)
-    for (int s = 0; s < slots; ++s) barrier_init(&full[s], 1);
+    for (int s = 0; s < kTmaStages; ++s) barrier_init(&full[s], 1);
   for (int i = tid; i < rows * halves; i += kTmaThreads) sums[i] = 0.f;
   __syncthreads();  // the barriers are initialized before anyone waits on them
   if (tid == 0)
-    for (int k = 0; k < slots; ++k) request(k);  // before the wait: weights only
+    for (int k = 0; k < kTmaStages; ++k) request(k);  // before the wait: weights only
   BF8 w0{};  // no kernel writes the norm's weight: read before the wait
   if (pro.norm != nullptr && tid < pieces) w0 = as_bf8(reinterpret_cast<const uint4*>(pro.norm)[tid]);
   wait_for_previous_kernel();
   stage_x(xs, reinterpret_cast<const uint4*>(x), pieces, pro, w0, warp_sums);
   const int h = warp * kTmaRun / half, first = warp * kTmaRun % half;  // this warp's run
   for (int k = 0; k < stages; ++k) {
-    barrier_wait(&full[k % slots], (k / slots) & 1);
+    barrier_wait(&full[k % kTmaStages], (k / kTmaStages) & 1);
     // a row holds a whole number of runs, so a run is all in one row or past the stretch
     const int64_t start = static_cast<int64_t>(k) * half + first;
     if (start < stretch) {
-      const uint4* run = ring + (k % slots) * kTmaStagePieces + h * half + first;
+      const uint4* run = ring + (k % kTmaStages) * kTmaStagePieces + h * half + first;
       const int row = static_cast<int>(start / pieces), column = static_cast<int>(start % pieces);
       float sum = 0.f;
 #pragma unroll
@@ -391,8 +388,8 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
       for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       if (lane == 0) atomicAdd(&sums[h * rows + row], sum);
     }
-    __syncthreads();  // every warp is done with slot k % slots
-    if (tid == 0) request(k + slots);
+    __syncthreads();  // every warp is done with slot k % kTmaStages
+    if (tid == 0) request(k + kTmaStages);
   }
   for (int r = tid; r < rows; r += kTmaThreads)
     y[r0 + r] = from_float<OutT>(pair > 0 ? silu_mul_of(sums[r], sums[rows + r]) : sums[r]);
@@ -440,13 +437,7 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   const int blocks = out_features < kTmaBlocksPerSm * sms ? out_features : kTmaBlocksPerSm * sms;
   const int sums = static_cast<int>(tvllm_ceil_div(out_features, blocks)) * (pair > 0 ? 2 : 1);
   if (sums > kTmaMaxSums) return "gemv (bulk copies): too many rows per block";
-  // ring slots: kTmaStages, or TINYVLLM_GEMV_SLOTS (2 to kTmaMaxStages) to measure others
-  static const int slots = [] {
-    const char* v = std::getenv("TINYVLLM_GEMV_SLOTS");
-    const int n = v ? std::atoi(v) : kTmaStages;
-    return n >= 2 && n <= kTmaMaxStages ? n : kTmaStages;
-  }();
-  const size_t needed = tma_smem_bytes(in_features, sums, slots);
+  const size_t needed = tma_smem_bytes(in_features, sums);
   const size_t smem = needed > kTmaMinSmem ? needed : kTmaMinSmem;
   static const bool opted_in = cudaFuncSetAttribute(
       gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -457,7 +448,7 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   }
   const cudaError_t err = launch_early(gemv_kernel_tma<OutT>, dim3(blocks), dim3(kTmaThreads),
                                        smem, stream, x, weight, y, in_features, out_features,
-                                       pair, pro, slots);
+                                       pair, pro);
   return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
 }
 
