@@ -112,10 +112,6 @@ void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
       "rmsnorm_linear");
 }
 
-bool rmsnorm_linear_fits(int64_t in_features, int64_t out_features) {
-  return gemv_norm_fits(in_features, out_features);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
@@ -123,5 +119,5 @@ TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
   m.def("linear_silu_mul(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear_silu_mul);
   m.def("rmsnorm_linear(Tensor x, Tensor? add, Tensor(a!)? sum, Tensor norm, float eps, "
         "Tensor weight, Tensor(b!) out, int inter) -> ()", &rmsnorm_linear);
-  m.def("rmsnorm_linear_fits(int in_features, int out_features) -> bool", &rmsnorm_linear_fits);
+  m.def("rmsnorm_linear_fits(int in_features, int out_features) -> bool", &gemv_norm_fits);
 }

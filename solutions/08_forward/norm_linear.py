@@ -29,9 +29,10 @@ def _gemv_takes(in_features: int, out_features: int) -> bool:
 
 
 def _one_token_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.Tensor,
-                    weight: torch.Tensor) -> bool:
+                    weight: torch.Tensor, silu_mul: bool) -> bool:
     tensors = [x, norm, weight] + ([] if residual is None else [residual])
-    return (x.is_cuda and x.shape[0] == 1
+    # an odd gate_up goes the two-op way, whose linear_silu_mul says what is wrong with it
+    return (x.is_cuda and x.shape[0] == 1 and not (silu_mul and weight.shape[0] % 2)
             and all(t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0
                     for t in tensors)
             and _gemv_takes(x.shape[1], weight.shape[0]))
@@ -47,13 +48,12 @@ def add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: tor
     silu_mul) -> y: [T, out] ([T, I]), stream: [T, H]; one dtype. Like fused_add_rmsnorm it
     may overwrite x and residual (the two-op path works in place): use what it returns.
     """
-    if _one_token_gemv(x, residual, norm, weight):
-        y = torch.empty((1, weight.shape[0] // 2 if silu_mul else weight.shape[0]),
-                        dtype=x.dtype, device=x.device)
+    if _one_token_gemv(x, residual, norm, weight, silu_mul):
+        inter = weight.shape[0] // 2 if silu_mul else 0     # 0: a plain projection
+        y = torch.empty((1, inter or weight.shape[0]), dtype=x.dtype, device=x.device)
         stream = x if residual is None else torch.empty_like(x)
         parts.kernels().rmsnorm_linear(x, residual, None if residual is None else stream, norm,
-                                       float(eps), weight, y,
-                                       weight.shape[0] // 2 if silu_mul else 0)
+                                       float(eps), weight, y, inter)
         return y, stream
     if residual is None:
         stream, normed = x, rmsnorm(x, norm, eps)
