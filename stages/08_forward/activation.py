@@ -65,6 +65,15 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     return out
 
 
+def one_token_operands(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether x is one CUDA token and x and the others are bf16, contiguous and 16-byte
+    aligned: what stage 06's one-token GEMV kernels read (linear_silu_mul here,
+    add_rmsnorm_linear in norm_linear.py)."""
+    return x.is_cuda and x.shape[0] == 1 and all(
+        t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0
+        for t in (x, *others))
+
+
 def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """silu(x @ gate^T) * (x @ up^T) for the fused weight gate_up = cat(gate, up).
 
@@ -72,10 +81,8 @@ def linear_silu_mul(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     CUDA with 16-byte aligned rows: stage 06's GEMV with the activation in its epilogue
     (gemv.cu, the same roundings as linear then silu_mul); otherwise those two ops.
     """
-    gemv_takes = (x.is_cuda and x.dtype == torch.bfloat16 and gate_up.dtype == torch.bfloat16
-                  and x.shape[0] == 1 and x.shape[1] % 8 == 0 and x.is_contiguous()
-                  and gate_up.is_contiguous() and x.data_ptr() % 16 == 0
-                  and gate_up.data_ptr() % 16 == 0 and gate_up.shape[0] % 2 == 0)
+    gemv_takes = (one_token_operands(x, gate_up) and x.shape[1] % 8 == 0
+                  and gate_up.shape[0] % 2 == 0)
     if not gemv_takes:
         return silu_mul(linear(x, gate_up))
     out = torch.empty((1, gate_up.shape[0] // 2), dtype=x.dtype, device=x.device)

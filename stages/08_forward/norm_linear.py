@@ -24,6 +24,7 @@ from course import ops, parts
 
 rmsnorm, fused_add_rmsnorm = ops.get("rmsnorm"), ops.get("fused_add_rmsnorm")
 linear, linear_silu_mul = ops.get("linear"), ops.get("linear_silu_mul")
+one_token_operands = parts.load("08", "activation").one_token_operands
 
 
 @lru_cache(maxsize=None)
@@ -33,11 +34,9 @@ def _gemv_takes(in_features: int, out_features: int) -> bool:
 
 def _one_token_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.Tensor,
                     weight: torch.Tensor, silu_mul: bool) -> bool:
-    tensors = [x, norm, weight] + ([] if residual is None else [residual])
+    others = (norm, weight) if residual is None else (norm, weight, residual)
     # an odd gate_up goes the two-op way, whose linear_silu_mul says what is wrong with it
-    return (x.is_cuda and x.shape[0] == 1 and not (silu_mul and weight.shape[0] % 2)
-            and all(t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0
-                    for t in tensors)
+    return (one_token_operands(x, *others) and not (silu_mul and weight.shape[0] % 2)
             and _gemv_takes(x.shape[1], weight.shape[0]))
 
 
