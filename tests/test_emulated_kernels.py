@@ -293,11 +293,11 @@ def test_gemv_kernel_with_silu_mul_in_the_emulator(in_features, inter, tokens):
 
 
 # (in, out, pair, float32 out): one-token GEMV by bulk copies (gemv_kernel_tma, sm_90): rows
-# of 2048 columns (two per 16 KB stage; 45 rows: blocks of 5 and 6 rows on the emulated 8
-# blocks, a last stage half full), of 8192 (a row spans two stages), of 1024 paired (gate and
-# up halves of every stage, 1 row each), float32 logits; fewer rows than blocks (out = 5).
+# of 2048 columns (four per 32 KB stage; 45 rows: blocks of 5 and 6 rows on the emulated 8
+# blocks, one stage, partly full), of 8192 (two rows a stage, four warps on each), of 4096 paired (gate and up halves of every stage, 2 rows each), float32 logits; fewer
+# rows than blocks (out = 5).
 @pytest.mark.parametrize("in_features,out_features,pair,f32", [
-    (2048, 45, False, False), (8192, 37, False, False), (1024, 30, True, False),
+    (2048, 45, False, False), (8192, 37, False, False), (4096, 30, True, False),
     (2048, 100, True, False), (2048, 200, False, True), (4096, 5, False, False)])
 def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
     tma = _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv_tma",
@@ -324,7 +324,7 @@ def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
 # (four pieces of x per thread).
 @pytest.mark.parametrize("in_features,out_features,pair,add", [
     (2048, 45, False, True), (2048, 40, True, True), (8192, 20, False, False),
-    (1024, 30, True, False)])
+    (4096, 30, True, False)])
 def test_gemv_tma_kernel_with_rmsnorm_in_the_emulator(in_features, out_features, pair, add):
     """Against stage 04's twin (fused_add_rmsnorm_native, or rmsnorm_native without the add)
     followed by linear_native (and silu_mul_native when paired)."""

@@ -257,7 +257,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // --- One token on Hopper: the weights by bulk copies (sm_90) ------------------------------
 //
 // gemv_kernel needs ~32 warps on every SM to keep its copies in flight: each 16 bytes is one
-// cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 16 KB at once, so
+// cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 32 KB at once, so
 // two blocks of 8 warps per SM stream faster, each block reading one contiguous stretch of
 // rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200, eleventh session:
 // docs/gpu-runs.md).
@@ -265,17 +265,18 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 //     block b of the grid owns the outputs [b * out / grid, (b + 1) * out / grid): its weight
 //     rows are one contiguous stretch of memory (paired: the gate rows' stretch and the up
 //     rows' stretch, as two halves of every stage);
-//     thread 0 keeps kTmaStages stages of 16 KB of that stretch requested, each counted by
+//     thread 0 keeps kTmaStages stages of 32 KB of that stretch requested, each counted by
 //     its stage's mbarrier; the first ones before the wait;
-//     in a stage, warp w owns 128 consecutive pieces (2 KB, inside one row when in % 1024 ==
+//     in a stage, warp w owns 256 consecutive pieces (4 KB, inside one row when in % 2048 ==
 //     0): its lanes multiply them by x's pieces (x in shared memory), add with a butterfly,
 //     and lane 0 adds the row's partial sum into the block's float32 sum of that row;
 //     after every warp is done with a stage (one barrier), thread 0 requests the stage after
 //     next into its slot; at the end the block writes its outputs (paired: silu_mul_of).
 //
 // One token only (x of 8 tokens would take 128 KB of shared memory at in = 8192), rows of a
-// multiple of 1024 columns (in % 1024 == 0: Llama-3.2-1B's 2048 and 8192; SmolLM2's 576 goes
-// to gemv_kernel). Given code: read it; `launch` below chooses it (tma_fits).
+// multiple of 2048 columns (in % 2048 == 0: Llama-3.2-1B's 2048 and 8192; SmolLM2's 576 and
+// Llama-3.2-3B's 3072 go to gemv_kernel). Given code: read it; `launch` below chooses it
+// (tma_fits).
 //
 // It may also take a decoder layer's RMSNorm (and the residual add before it) as a prologue
 // (`Prologue`, launch_gemv_norm): x in shared memory is then stage 04's fused_add_rmsnorm of
@@ -286,9 +287,14 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // kernels, 0.873 ms with them left out, wrong but timed).
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
-constexpr int kTmaStages = 2;                             // ring slots of 16 KB
-constexpr int kTmaStagePieces = 1024;                     // 16 KB
-constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 128 pieces: a warp's share of a stage
+constexpr int kTmaStages = 2;                             // ring slots of 32 KB
+constexpr int kTmaStagePieces = 2048;                     // 32 KB
+constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 256 pieces: a warp's share of a stage
+// Measured on the H200 (fifteenth session, batch-1 decode, ms per token, compared within a
+// call): 16 KB stages (runs of 128 pieces) 0.911 / 0.918, 32 KB 0.888-0.894, 8 KB 1.116; 3
+// slots of 32 KB 0.889; 32 KB as two runs of 128 per warp (w and w + 8, which keeps rows of
+// 1024 columns) 0.947 -- not profiled; each run's place and row then take divisions (one
+// 64-bit) per run instead of one per stage, which the loop is sensitive to (see Plan).
 constexpr int kTmaBlocksPerSm = 2;
 constexpr int kTmaMaxIn = 16384;
 constexpr int kTmaMaxSums = 4096;                         // rows x halves a block sums
@@ -373,13 +379,13 @@ __host__ __device__ constexpr size_t tma_smem_bytes(int in_features, int sums) {
 constexpr size_t kTmaMaxSmem = tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) > kTmaMinSmem
                                    ? tma_smem_bytes(kTmaMaxIn, kTmaMaxSums) : kTmaMinSmem;
 
-// The rows gemv_kernel_tma takes: whole runs (in % 1024 == 0), x within its shared memory.
+// The rows gemv_kernel_tma takes: whole runs (in % 2048 == 0), x within its shared memory.
 __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) {
   return in_features % (kTmaRun * 8) == 0 && in_features <= kTmaMaxIn && out_features > 0;
 }
 
 // x: [1, in] bf16, weight: [out, in] bf16 (pair > 0: [2 out, in], gate rows then up rows),
-// y: [1, out] of OutT; in % 1024 == 0, in <= kTmaMaxIn; dynamic shared memory
+// y: [1, out] of OutT; in % 2048 == 0, in <= kTmaMaxIn; dynamic shared memory
 // tma_smem_bytes(in, ceil(out / grid) x (pair ? 2 : 1)).
 // Two blocks an SM (kTmaMinSmem makes sure of no more), and the compiler is told so: at most
 // 128 registers a thread, or one block fits and the stream halves.
@@ -489,7 +495,7 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   static const int sms = tvllm_sm_count();
   if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
   if (!tma_shape(in_features, out_features))
-    return "gemv (bulk copies): needs in_features a multiple of 1024, at most 16384";
+    return "gemv (bulk copies): needs in_features a multiple of 2048, at most 16384";
   const int blocks = out_features < kTmaBlocksPerSm * sms ? out_features : kTmaBlocksPerSm * sms;
   const int sums = static_cast<int>(tvllm_ceil_div(out_features, blocks)) * (pair > 0 ? 2 : 1);
   if (sums > kTmaMaxSums) return "gemv (bulk copies): too many rows per block";
@@ -590,7 +596,7 @@ tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, in
 }
 
 // Whether launch_gemv_norm runs here: gemv_kernel_tma takes one token of these sizes (sm_90
-// code, TINYVLLM_GEMV_TMA not 0, in % 1024 == 0) and TINYVLLM_GEMV_NORM is not 0 (to measure
+// code, TINYVLLM_GEMV_TMA not 0, in % 2048 == 0) and TINYVLLM_GEMV_NORM is not 0 (to measure
 // the gain). Else the caller runs stage 04's norm, then linear (or linear_silu_mul).
 bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
   static const bool wanted = !turned_off("TINYVLLM_GEMV_NORM");
@@ -609,7 +615,7 @@ tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const v
   if (!gemv_norm_fits(in_features, out_features) ||
       !gemv_fits(true, 1, in_features, out_features, x, weight))
     return "gemv with RMSNorm: needs the bulk-copy GEMV (an sm_90 build, one token, "
-           "in_features a multiple of 1024) and 16-byte aligned x and weight";
+           "in_features a multiple of 2048) and 16-byte aligned x and weight";
   if ((inter > 0 && out_features != 2 * inter) || (sum != nullptr && (sum == x || sum == add)))
     return "gemv with RMSNorm: a paired weight has 2 * inter rows, and sum must be its own buffer";
   for (const void* p : {add, static_cast<const void*>(sum), norm})

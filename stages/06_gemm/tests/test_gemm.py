@@ -271,7 +271,7 @@ def _runs_sm90_code() -> bool:
 
 @pytest.mark.gpu
 def test_one_token_takes_bulk_copies_on_hopper(seed):
-    """On an sm_90 GPU one token with rows of a multiple of 1024 columns goes to
+    """On an sm_90 GPU one token with rows of a multiple of 2048 columns goes to
     gemv_kernel_tma (bulk copies), plain and paired; other rows, and 2 tokens, to gemv_kernel.
     Below sm_90, or with a library built only for older GPUs (a T4's compute_75 PTX, which
     the driver compiles for this one), every one goes to gemv_kernel. Each result against the
@@ -282,6 +282,7 @@ def test_one_token_takes_bulk_copies_on_hopper(seed):
     cases = {"1 token, in = 2048": (1, 2048, 300, False, hopper),
              "1 token, in = 8192": (1, 8192, 100, False, hopper),
              "1 token, in = 2048, gate_up": (1, 2048, 200, True, hopper),
+             "1 token, in = 1024": (1, 1024, 300, False, False),
              "1 token, in = 576": (1, 576, 300, False, False),
              "2 tokens, in = 2048": (2, 2048, 300, False, False)}
     for name, (tokens, in_features, out_features, paired, expect_tma) in cases.items():
