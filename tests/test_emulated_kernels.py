@@ -293,9 +293,10 @@ def test_gemv_kernel_with_silu_mul_in_the_emulator(in_features, inter, tokens):
 
 
 # (in, out, pair, float32 out): one-token GEMV by bulk copies (gemv_kernel_tma, sm_90): rows
-# of 2048 columns (four per 32 KB stage; 45 rows: blocks of 5 and 6 rows on the emulated 8
-# blocks, one stage, partly full), of 8192 (two rows a stage, four warps on each), of 4096 paired (gate and up halves of every stage, 2 rows each), float32 logits; fewer
-# rows than blocks (out = 5).
+# of 2048 columns (eight per 32 KB stage; 45 rows: blocks of 5 and 6 rows on the emulated 8
+# blocks, one stage, partly full), of 8192 (two rows a stage, four warps on each), of 4096
+# paired (gate and up halves of every stage, 2 rows each), float32 logits; fewer rows than
+# blocks (out = 5).
 @pytest.mark.parametrize("in_features,out_features,pair,f32", [
     (2048, 45, False, False), (8192, 37, False, False), (4096, 30, True, False),
     (2048, 100, True, False), (2048, 200, False, True), (4096, 5, False, False)])
