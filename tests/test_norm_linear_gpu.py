@@ -16,7 +16,7 @@ def _hopper() -> bool:
 
 
 # (tokens, in, out, silu_mul, add): Llama-3.2-1B's qkv and gate_up at one token, layer 0 (no
-# add), 8192 columns; 1024 columns (not whole 32 KB-stage runs), SmolLM2's 576 and two tokens
+# add), 8192 columns; 1024 columns (less than a warp's run of 2048), SmolLM2's 576 and two tokens
 # take the two-op path.
 CASES = [(1, 2048, 3072, False, True), (1, 2048, 8192, True, True), (1, 2048, 3072, False, False),
          (1, 8192, 512, False, True), (1, 1024, 512, False, True), (1, 576, 960, False, True),
