@@ -183,8 +183,11 @@ def as_dict(result: StageResult) -> dict:
     }
 
 
-def write_json(path: Path, results: list[dict]) -> None:
-    Path(path).write_text(json.dumps(results if len(results) != 1 else results[0], indent=2))
+def write_json(path: Path, results: list[dict], always_list: bool = False) -> None:
+    """The results as JSON: a list, or one result alone as its object (`grader NN --json`);
+    always_list: a list even of one (a class report is read as one)."""
+    bare = len(results) == 1 and not always_list
+    Path(path).write_text(json.dumps(results[0] if bare else results, indent=2))
 
 
 def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:

@@ -181,8 +181,8 @@ def write_reports(args, chosen, students, done) -> None:
         rows.append(row)
     if args.csv:
         report.write_csv(args.csv, rows)
-    if args.json:   # always a list, even of one record: a class report is read as one
-        args.json.write_text(json.dumps(records, indent=2))
+    if args.json:
+        report.write_json(args.json, records, always_list=True)
     if args.junit:
         report.write_junit(args.junit, suites)
     if args.similarity:
