@@ -27,12 +27,13 @@ CALL = """
 
 PAGED_SHIM = CALL + """
 extern "C" const char* emu_paged(const void* q, const void* k, const void* v, void* out,
-                                 const int32_t* tables, const int32_t* lens, float* ws, int batch,
+                                 const int32_t* tables, const int32_t* lens, float* ws,
+                                 int32_t* tickets, int batch,
                                  int64_t q_stride, int n_heads, int n_kv, int d, int num_blocks,
                                  int block_size, int max_blocks, int max_keys, int partitions,
                                  int partition_keys, float scale) {
   EMU_CALL(launch_paged_decode_attention(
-      q, k, v, out, tables, lens, ws, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
+      q, k, v, out, tables, lens, ws, tickets, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
       max_blocks, max_keys, partitions, partition_keys, scale, nullptr));
 }
 extern "C" int emu_partition_keys(int batch, int n_heads, int n_kv, int64_t max_keys, int split) {
@@ -86,19 +87,22 @@ def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: in
 @pytest.fixture(scope="module")
 def emu_paged():
     return _shim_function("14", "paged_attention.cu", PAGED_SHIM, "emu_paged",
-                          [ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_int64]
+                          [ctypes.c_void_p] * 8 + [ctypes.c_int, ctypes.c_int64]
                           + [ctypes.c_int] * 9 + [ctypes.c_float])
 
 
 # (batch, n_heads, n_kv, head_dim, lengths, options): Llama-3.2-1B's heads, SmolLM2's (3),
 # plain multi-head, groups of 6 to 24 (one or two blocks per KV head), head_dims from 8 to 128,
-# block sizes 1 to 64, split-K, padding rows, a bad block and a length past the table (NaN
+# block sizes 1 to 64, split-K (a sequence in one partition, partitions merged in several rounds
+# of loads), padding rows, a bad block and a length past the table (NaN
 # rows), q as a view of a fused QKV row.
 PAGED_CASES = {
     "llama-short": (2, 32, 8, 64, [1, 37], {}),
     "block-edges": (3, 32, 8, 64, [15, 16, 17], {}),
     "padding-row": (2, 32, 8, 64, [100, 0], {}),
     "split-k": (1, 32, 8, 64, [300], {"partition_keys": 64}),
+    "split-k-one-partition": (3, 32, 8, 64, [40, 300, 64], {"partition_keys": 64}),
+    "split-k-many": (1, 32, 8, 64, [700], {"partition_keys": 16}),
     "smollm2-group-3": (2, 9, 3, 64, [33, 70], {}),
     "multi-head": (1, 8, 8, 64, [50], {}),
     "group-12": (1, 12, 1, 64, [40], {}),
@@ -146,12 +150,15 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
     max_keys = max_blocks * block_size
     partitions = math.ceil(max_keys / partition_keys) if partition_keys else 1
     workspace = torch.full((max(1, batch * n_heads * partitions * (d + 2)),), float("nan"))
+    tickets = torch.zeros(batch * n_heads, dtype=torch.int32)
     scale = d ** -0.5
     error = emu_paged(
         q_rows.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), run_tables.data_ptr(),
-        run_lens.data_ptr(), workspace.data_ptr(), batch, stride, n_heads, n_kv, d, num_blocks,
+        run_lens.data_ptr(), workspace.data_ptr(), tickets.data_ptr(), batch, stride, n_heads, n_kv, d, num_blocks,
         block_size, max_blocks, max_keys, partitions, partition_keys, scale)
     _ok(error)
+    assert not tickets.any(), ("split-K's tickets must be 0 again after the launch (the block "
+                               "that merges resets its counter), or the next launch miscounts")
     for r in nan_rows:
         assert out[r].float().isnan().all(), f"row {r} reads an unreadable block or length: NaN"
     keep = [r for r in range(batch) if r not in nan_rows]

@@ -29,13 +29,15 @@
 //
 // Split-K (flash-decoding). One sequence gives only n_kv_heads blocks (8 for Llama-3.2-1B, on
 // a GPU of 132 SMs). With `partitions` > 1 the grid gets one block per (sequence, KV head,
-// partition of partition_keys keys); each writes its partial state (m, l, o / l) in float32
-// and a second kernel merges a sequence's partitions. The partition size (512 keys down to 64
-// when the grid would otherwise be small: paged_attention_partition_keys) and count come from
-// batch, heads and max_context (the engine's max_model_len), not from the lengths on the
-// device, so the grid is the same at every step and a CUDA graph can capture it: the blocks of
-// partitions past a sequence's length exit at once, and the reduction reads only the
-// partitions that hold keys.
+// partition of partition_keys keys); each writes its partial state (m, l, o / l) in float32,
+// takes a ticket from its (sequence, KV head)'s counter, and the block that draws the last
+// ticket merges the partitions (merge_partitions) and resets the counter: no second kernel.
+// A sequence whose keys fit in one partition writes its rows directly. The partition size
+// (512 keys down to 64 when the grid would otherwise be small: paged_attention_partition_keys)
+// and count come from batch, heads and max_context (the engine's max_model_len), not from the
+// lengths on the device, so the grid is the same at every step and a CUDA graph can capture
+// it: the blocks of partitions past a sequence's length exit at once, take no ticket, and the
+// merge reads only the partitions that hold keys.
 //
 // A context length of 0 is a padding row: zeros. A length past max_keys (the block table's
 // capacity, or max_context) or a block number outside the pool is never read: that row is NaN
@@ -62,7 +64,7 @@ constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
 constexpr int kWarps = kThreads / 32;
-constexpr int kReduceThreads = 256;
+constexpr int kMergeLoads = 8;      // partitions a thread of the merge loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 
 using BF8 = Pack<__nv_bfloat16, 8>;  // 16 bytes: 8 dimensions of one head
@@ -74,6 +76,7 @@ struct Params {
   __nv_bfloat16* out;            // [batch, n_heads, head_dim], contiguous
   float* part_o;                 // split-K: [batch, n_heads, partitions, head_dim], o / l
   float* part_ml;                // split-K: [batch, n_heads, partitions, 2]: m (base 2), l
+  int32_t* tickets;              // split-K: [batch, gridDim.y], 0 before and after every launch
   const int32_t* block_tables;   // [batch, max_blocks]
   const int32_t* context_lens;   // [batch]: keys to attend (0 = padding row)
   int64_t q_stride;              // elements from one sequence's q row to the next
@@ -210,6 +213,77 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
   // END SOLUTION
 }
 
+// Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
+// query heads h0 .. h0 + n_here - 1 of sequence b over the `used` partitions that hold keys
+//     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
+// Threads as [rows][units], a unit = one head's 4 columns: row r merges partitions r, r + rows,
+// ... into its own (m, l, acc) as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
+// kMergeLoads partitions' worth in one round of loads -- then one thread per column merges the
+// rows' states. The partials were written by other blocks of this launch: they are read from
+// L2 (__ldcg: this SM's L1 may hold nothing of them, but it must not serve them stale).
+template <int kD>
+__device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int used,
+                                 float* smem) {
+  const int d = kD == 64 ? 64 : p.head_dim;
+  const int cols = d / 4, units = n_here * cols;
+  const int rows = max(1, kThreads / units);
+  float* s_m = smem;                  // [rows][units]
+  float* s_l = s_m + rows * units;    // [rows][units]
+  float* s_acc = s_l + rows * units;  // [rows][units][4]
+  for (int x = threadIdx.x; x < rows * units; x += kThreads) {
+    const int r = x / units, u = x % units, c4 = u % cols;
+    const int64_t first = (static_cast<int64_t>(b) * p.n_heads + h0 + u / cols) * p.partitions;
+    const float* ml = p.part_ml + first * 2;
+    const float* o = p.part_o + first * d;
+    // BEGIN SOLUTION: m = -inf, l = 0, acc = 0; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: top = max(m, m_i); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; store the state to s_m, s_l, s_acc at x
+    float m = -INFINITY, l = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i0 = r; i0 < used; i0 += kMergeLoads * rows) {
+      float m_i[kMergeLoads], l_i[kMergeLoads];
+      float4 o_i[kMergeLoads];
+#pragma unroll
+      for (int k = 0; k < kMergeLoads; ++k) {
+        const int i = i0 + k * rows;
+        if (i < used) {
+          m_i[k] = __ldcg(ml + 2 * i);
+          l_i[k] = __ldcg(ml + 2 * i + 1);
+          o_i[k] = __ldcg(reinterpret_cast<const float4*>(o + static_cast<int64_t>(i) * d) + c4);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kMergeLoads; ++k) {
+        if (i0 + k * rows >= used) break;
+        // m is -inf only before the first partition, whose weight 2^(m_i - m_i) is then 1
+        const float top = fmaxf(m, m_i[k]);
+        const float wa = exp2f(m - top), wb = l_i[k] * exp2f(m_i[k] - top);
+        acc = make_float4(fmaf(acc.x, wa, o_i[k].x * wb), fmaf(acc.y, wa, o_i[k].y * wb),
+                          fmaf(acc.z, wa, o_i[k].z * wb), fmaf(acc.w, wa, o_i[k].w * wb));
+        l = fmaf(l, wa, wb);
+        m = top;
+      }
+    }
+    s_m[x] = m;
+    s_l[x] = l;
+    reinterpret_cast<float4*>(s_acc)[x] = acc;
+    // END SOLUTION
+  }
+  __syncthreads();
+  // BEGIN SOLUTION: per (head, column e): M = max of s_m over the rows at its unit (row 0 holds partition 0: finite); out = sum_r s_acc[r, unit, e % 4] 2^(s_m - M) / sum_r s_l 2^(s_m - M)
+  for (int x = threadIdx.x; x < n_here * d; x += kThreads) {
+    const int head = x / d, e = x % d, u = head * cols + e / 4;
+    float top = s_m[u];
+    for (int r = 1; r < rows; ++r) top = fmaxf(top, s_m[r * units + u]);
+    float sum = 0.f, total = 0.f;
+    for (int r = 0; r < rows; ++r) {
+      const float w = exp2f(s_m[r * units + u] - top);
+      sum = fmaf(s_acc[(r * units + u) * 4 + e % 4], w, sum);
+      total = fmaf(s_l[r * units + u], w, total);
+    }
+    p.out[(static_cast<int64_t>(b) * p.n_heads + h0 + head) * d + e] = __float2bfloat16_rn(sum / total);
+  }
+  // END SOLUTION
+}
+
 // One block per (sequence [, partition], KV head [, chunk of 16 of its query heads]):
 // blockIdx.x = b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
@@ -243,9 +317,9 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   const int k_end = p.partitions > 1 ? min(len, k_begin + p.partition_keys) : len;
   // END SOLUTION
 
-  // A padding row gets zeros, a row that cannot be read NaN, from the single pass; in split-K
-  // the reduction writes them, and a partition without keys has nothing to do.
-  const bool fill = p.partitions == 1 && (bad_len || len == 0);
+  // A padding row gets zeros, a row that cannot be read NaN, from the single pass or split-K's
+  // partition 0 (no ticket: nothing to merge); a partition without keys has nothing to do.
+  const bool fill = part == 0 && (bad_len || len == 0);
   if (!fill && (bad_len || k_begin >= k_end)) return;
 
   // Row r of physical block n, KV head kv_head: (n * block_size + r) * key_stride + head_off
@@ -398,8 +472,12 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // END SOLUTION
   __syncthreads();
 
-  // One thread per (head, 16-byte piece): merge the warps; then either the final row (one
-  // pass) or this partition's partial state (split-K).
+  // The partitions that hold keys: one in the single pass, and for a short sequence in
+  // split-K, which then writes its rows directly (nothing to merge).
+  const int used = p.partitions > 1 ? (len + p.partition_keys - 1) / p.partition_keys : 1;
+
+  // One thread per (head, 16-byte piece): merge the warps; then either the final row or this
+  // partition's partial state (split-K).
   for (int x = threadIdx.x; x < n_here * pieces; x += blockDim.x) {
     const int h = x / pieces, cc = x % pieces;
     Running acc;
@@ -412,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     }
     const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
     const int64_t head_row = static_cast<int64_t>(b) * p.n_heads + h0 + h;
-    if (p.partitions == 1) {
+    if (used == 1) {
       BF8 result;
 #pragma unroll
       for (int e = 0; e < 8; ++e)
@@ -431,89 +509,30 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
       // END SOLUTION
     }
   }
-}
+  if (used == 1) return;
 
-struct ReduceParams {
-  const float* part_o;          // [batch, n_heads, partitions, head_dim]
-  const float* part_ml;         // [batch, n_heads, partitions, 2]
-  __nv_bfloat16* out;           // [batch, n_heads, head_dim]
-  const int32_t* context_lens;  // [batch]
-  int n_heads, head_dim, partitions, partition_keys, max_keys;
-};
-
-// Split-K, second kernel: one block per (sequence, query head) merges the partitions that
-// hold keys (ceil(len / partition_keys) of them):
-//     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
-// Threads as [rows][d / 4]: row r merges partitions r, r + rows, ... into its own (m, l, acc)
-// as it loads them -- m_i, l_i and 4 columns of o_i / l_i in one round of loads, the running
-// merge of the warps' states -- then the rows' states are merged once per column. (Weights
-// first and the o rows after them would be two dependent rounds of memory latency after the
-// wait, each a microsecond of a batch-1 step.)
-__global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
-  allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
-  const int b = blockIdx.x / p.n_heads;
-  const int d = p.head_dim;
-  __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
-  const int len = p.context_lens[b];  // a step input: read before the wait
-  wait_for_previous_kernel();    // launched early: the partitions must have been written
-  if (len <= 0 || len > p.max_keys) {  // padding row: zeros; unreadable: NaN
-    for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = __float2bfloat16(len == 0 ? 0.f : NAN);
-    return;
-  }
-  const int used = (len + p.partition_keys - 1) / p.partition_keys;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.partitions;
-  const float* ml = p.part_ml + first * 2;
-  const float* o = p.part_o + first * d;
-  const int cols = d / 4, rows = blockDim.x / cols;
-  const int r = threadIdx.x / cols, c4 = threadIdx.x % cols;
-  extern __shared__ float s_rows[];  // [rows] m, [rows] l, then [rows][d] acc
-  float* s_m = s_rows;
-  float* s_l = s_rows + rows;
-  float* s_acc = s_rows + 2 * rows;
-  if (r < rows) {
-    // BEGIN SOLUTION: m = -inf, l = 0, acc = 0 (4 floats); per i = r, r + rows, ... < used: load m_i, l_i and o[i, 4 c4 .. 4 c4 + 3]; top = max(m, m_i) (no key yet: m = -inf weighs 0); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; then s_m[r], s_l[r] (c4 == 0) and acc to s_acc[r, 4 c4 ..]
-    float m = -INFINITY, l = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int i = r; i < used; i += rows) {
-      const float m_i = ml[2 * i], l_i = ml[2 * i + 1];
-      const float4 x = reinterpret_cast<const float4*>(o + static_cast<int64_t>(i) * d)[c4];
-      const float top = fmaxf(m, m_i);
-      const float wa = exp2f(m - top), wb = l_i * exp2f(m_i - top);
-      acc = make_float4(fmaf(acc.x, wa, x.x * wb), fmaf(acc.y, wa, x.y * wb),
-                        fmaf(acc.z, wa, x.z * wb), fmaf(acc.w, wa, x.w * wb));
-      l = fmaf(l, wa, wb);
-      m = top;
-    }
-    if (c4 == 0) {
-      s_m[r] = m;
-      s_l[r] = l;
-    }
-    float* dst = s_acc + r * d + c4 * 4;
-    dst[0] = acc.x;
-    dst[1] = acc.y;
-    dst[2] = acc.z;
-    dst[3] = acc.w;
-    // END SOLUTION
+  // Split-K: the last of the `used` blocks of this (sequence, KV head [, chunk]) to get here
+  // merges them all. Its partials must be visible to that block before its ticket is: the
+  // fence orders every thread's writes before the barrier, and thread 0 takes the ticket after.
+  __shared__ bool s_last;
+  // BEGIN SOLUTION: __threadfence and __syncthreads; thread 0: atomicAdd 1 to the ticket of (b, blockIdx.y) (p.tickets[b * gridDim.y + blockIdx.y]); the block that drew used - 1 is the last: it resets the ticket to 0 (every other block of the launch has taken its own) and says so in s_last; __syncthreads; the others return; the last: __threadfence (it reads what the others wrote), then merge_partitions over shared memory
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* ticket = p.tickets + static_cast<int64_t>(b) * gridDim.y + blockIdx.y;
+    s_last = atomicAdd(ticket, 1) == used - 1;
+    if (s_last) *ticket = 0;  // ready for the next launch
   }
   __syncthreads();
-  // BEGIN SOLUTION: per column e: M = max of s_m over the rows (row 0 holds partition 0: finite); out[e] = sum_r s_acc[r, e] 2^(s_m[r] - M) / sum_r s_l[r] 2^(s_m[r] - M)
-  for (int e = threadIdx.x; e < d; e += blockDim.x) {
-    float top = s_m[0];
-    for (int rr = 1; rr < rows; ++rr) top = fmaxf(top, s_m[rr]);
-    float sum = 0.f, total = 0.f;
-    for (int rr = 0; rr < rows; ++rr) {
-      const float w = exp2f(s_m[rr] - top);
-      sum = fmaf(s_acc[rr * d + e], w, sum);
-      total = fmaf(s_l[rr], w, total);
-    }
-    out[e] = __float2bfloat16_rn(sum / total);
-  }
+  if (!s_last) return;
+  __threadfence();
+  merge_partitions<kD>(p, b, h0, n_here, used, reinterpret_cast<float*>(smem));
   // END SOLUTION
 }
 
 template <int kD, int kR>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // BEGIN SOLUTION: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) | return "{todo}";
+  // BEGIN SOLUTION: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) | return "{todo}";
   constexpr size_t smem = Smem<kD>::kBytes;
   const cudaError_t opted = cudaFuncSetAttribute(
       paged_attention_kernel<kD, kR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -525,15 +544,6 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
   launch_early(paged_attention_kernel<kD, kR>, grid, kThreads, smem, stream, p);
-  if (p.partitions > 1) {
-    const ReduceParams r{p.part_o,  p.part_ml,    p.out,        p.context_lens,
-                         p.n_heads, p.head_dim, p.partitions, p.partition_keys, p.max_keys};
-    const int rows = kReduceThreads / (p.head_dim / 4);
-    const size_t reduce_smem = static_cast<size_t>(rows) * (p.head_dim + 2) * sizeof(float);
-    launch_early(paged_attention_reduce_kernel,
-                 static_cast<unsigned>(static_cast<int64_t>(batch) * p.n_heads), kReduceThreads,
-                 reduce_smem, stream, r);
-  }
   return TVLLM_OK;
   // END SOLUTION
 }
@@ -587,10 +597,14 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
 // n_kv_heads, head_dim] bf16, contiguous; block_size a power of two. block_tables: [batch,
 // max_blocks] int32; context_lens: [batch] int32 (never read by the host). out: [batch,
 // n_heads, head_dim] bf16. partitions > 1: split-K in partitions of partition_keys keys, with
-// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats.
+// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats and `tickets` at
+// least batch * n_kv_heads * ceil(group / 16) int32 zeros (one per block row; the kernel
+// leaves them zero, so they can be kept between calls, but never shared by two launches
+// running at once).
 tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
+                                           int32_t* tickets,
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
@@ -606,10 +620,10 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
     return "block_size must be a power of two";
   if (num_blocks < 0 || max_blocks < 0 || max_keys < 0) return "sizes must not be negative";
   if (partitions < 1 || partitions > kMaxPartitions ||
-      (partitions > 1 && (workspace == nullptr || partition_keys < 1 ||
+      (partitions > 1 && (workspace == nullptr || tickets == nullptr || partition_keys < 1 ||
                           static_cast<int64_t>(partitions) * partition_keys < max_keys)))
-    return "split-K needs a workspace and ceil(max_context / partition_keys) partitions, at "
-           "most 8192";
+    return "split-K needs a workspace, tickets and ceil(max_context / partition_keys) "
+           "partitions, at most 8192";
   const int group = n_heads / n_kv_heads;
   if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, kRows) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";
@@ -619,8 +633,8 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
   float* part_ml = workspace == nullptr ? nullptr : workspace + partials;
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
                  static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
-                 workspace, part_ml, block_tables, context_lens, q_stride, n_heads, n_kv_heads,
-                 head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
+                 workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
+                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
                  block_size, shift, max_blocks, max_keys, partitions, partition_keys,
                  scale * kLog2e};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,

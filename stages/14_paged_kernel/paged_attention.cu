@@ -29,13 +29,15 @@
 //
 // Split-K (flash-decoding). One sequence gives only n_kv_heads blocks (8 for Llama-3.2-1B, on
 // a GPU of 132 SMs). With `partitions` > 1 the grid gets one block per (sequence, KV head,
-// partition of partition_keys keys); each writes its partial state (m, l, o / l) in float32
-// and a second kernel merges a sequence's partitions. The partition size (512 keys down to 64
-// when the grid would otherwise be small: paged_attention_partition_keys) and count come from
-// batch, heads and max_context (the engine's max_model_len), not from the lengths on the
-// device, so the grid is the same at every step and a CUDA graph can capture it: the blocks of
-// partitions past a sequence's length exit at once, and the reduction reads only the
-// partitions that hold keys.
+// partition of partition_keys keys); each writes its partial state (m, l, o / l) in float32,
+// takes a ticket from its (sequence, KV head)'s counter, and the block that draws the last
+// ticket merges the partitions (merge_partitions) and resets the counter: no second kernel.
+// A sequence whose keys fit in one partition writes its rows directly. The partition size
+// (512 keys down to 64 when the grid would otherwise be small: paged_attention_partition_keys)
+// and count come from batch, heads and max_context (the engine's max_model_len), not from the
+// lengths on the device, so the grid is the same at every step and a CUDA graph can capture
+// it: the blocks of partitions past a sequence's length exit at once, take no ticket, and the
+// merge reads only the partitions that hold keys.
 //
 // A context length of 0 is a padding row: zeros. A length past max_keys (the block table's
 // capacity, or max_context) or a block number outside the pool is never read: that row is NaN
@@ -62,7 +64,7 @@ constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
 constexpr int kThreads = 128;        // 4 warps per block
 constexpr int kWarps = kThreads / 32;
-constexpr int kReduceThreads = 256;
+constexpr int kMergeLoads = 8;      // partitions a thread of the merge loads at once
 constexpr float kLog2e = 1.4426950408889634f;
 
 using BF8 = Pack<__nv_bfloat16, 8>;  // 16 bytes: 8 dimensions of one head
@@ -74,6 +76,7 @@ struct Params {
   __nv_bfloat16* out;            // [batch, n_heads, head_dim], contiguous
   float* part_o;                 // split-K: [batch, n_heads, partitions, head_dim], o / l
   float* part_ml;                // split-K: [batch, n_heads, partitions, 2]: m (base 2), l
+  int32_t* tickets;              // split-K: [batch, gridDim.y], 0 before and after every launch
   const int32_t* block_tables;   // [batch, max_blocks]
   const int32_t* context_lens;   // [batch]: keys to attend (0 = padding row)
   int64_t q_stride;              // elements from one sequence's q row to the next
@@ -151,6 +154,34 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
   // TODO stage 14: the A fragment of P from the two score tiles; per 16 dims one ldmatrix.x4.trans of V and two mma (about 12 lines)
 }
 
+// Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
+// query heads h0 .. h0 + n_here - 1 of sequence b over the `used` partitions that hold keys
+//     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
+// Threads as [rows][units], a unit = one head's 4 columns: row r merges partitions r, r + rows,
+// ... into its own (m, l, acc) as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
+// kMergeLoads partitions' worth in one round of loads -- then one thread per column merges the
+// rows' states. The partials were written by other blocks of this launch: they are read from
+// L2 (__ldcg: this SM's L1 may hold nothing of them, but it must not serve them stale).
+template <int kD>
+__device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int used,
+                                 float* smem) {
+  const int d = kD == 64 ? 64 : p.head_dim;
+  const int cols = d / 4, units = n_here * cols;
+  const int rows = max(1, kThreads / units);
+  float* s_m = smem;                  // [rows][units]
+  float* s_l = s_m + rows * units;    // [rows][units]
+  float* s_acc = s_l + rows * units;  // [rows][units][4]
+  for (int x = threadIdx.x; x < rows * units; x += kThreads) {
+    const int r = x / units, u = x % units, c4 = u % cols;
+    const int64_t first = (static_cast<int64_t>(b) * p.n_heads + h0 + u / cols) * p.partitions;
+    const float* ml = p.part_ml + first * 2;
+    const float* o = p.part_o + first * d;
+    // TODO stage 14: m = -inf, l = 0, acc = 0; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: top = max(m, m_i); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; store the state to s_m, s_l, s_acc at x (about 29 lines)
+  }
+  __syncthreads();
+  // TODO stage 14: per (head, column e): M = max of s_m over the rows at its unit (row 0 holds partition 0: finite); out = sum_r s_acc[r, unit, e % 4] 2^(s_m - M) / sum_r s_l 2^(s_m - M) (about 12 lines)
+}
+
 // One block per (sequence [, partition], KV head [, chunk of 16 of its query heads]):
 // blockIdx.x = b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
@@ -178,9 +209,9 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // TODO stage 14: this block's keys [k_begin, k_end): the whole context, or partition `part` of p.partition_keys keys, clipped to len (about 2 lines)
   const int k_begin = 0, k_end = 0;
 
-  // A padding row gets zeros, a row that cannot be read NaN, from the single pass; in split-K
-  // the reduction writes them, and a partition without keys has nothing to do.
-  const bool fill = p.partitions == 1 && (bad_len || len == 0);
+  // A padding row gets zeros, a row that cannot be read NaN, from the single pass or split-K's
+  // partition 0 (no ticket: nothing to merge); a partition without keys has nothing to do.
+  const bool fill = part == 0 && (bad_len || len == 0);
   if (!fill && (bad_len || k_begin >= k_end)) return;
 
   // Row r of physical block n, KV head kv_head: (n * block_size + r) * key_stride + head_off
@@ -275,8 +306,12 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // TODO stage 14: per row r < kR (head g + 8r): l summed over the row's 4 lanes (shuffles 1 and 2); for heads < n_here, o[i][2r], o[i][2r + 1] to s_o[warp][head][8i + 2t ..], and lane t == 0 writes m and l (about 19 lines)
   __syncthreads();
 
-  // One thread per (head, 16-byte piece): merge the warps; then either the final row (one
-  // pass) or this partition's partial state (split-K).
+  // The partitions that hold keys: one in the single pass, and for a short sequence in
+  // split-K, which then writes its rows directly (nothing to merge).
+  const int used = p.partitions > 1 ? (len + p.partition_keys - 1) / p.partition_keys : 1;
+
+  // One thread per (head, 16-byte piece): merge the warps; then either the final row or this
+  // partition's partial state (split-K).
   for (int x = threadIdx.x; x < n_here * pieces; x += blockDim.x) {
     const int h = x / pieces, cc = x % pieces;
     Running acc;
@@ -289,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     }
     const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
     const int64_t head_row = static_cast<int64_t>(b) * p.n_heads + h0 + h;
-    if (p.partitions == 1) {
+    if (used == 1) {
       BF8 result;
 #pragma unroll
       for (int e = 0; e < 8; ++e)
@@ -299,56 +334,19 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
       // TODO stage 14: write o / l (float, 8 values) to part_o[head_row, part, piece cc]; the first piece also writes m and l (l = NaN when bad_block) to part_ml (about 8 lines)
     }
   }
-}
+  if (used == 1) return;
 
-struct ReduceParams {
-  const float* part_o;          // [batch, n_heads, partitions, head_dim]
-  const float* part_ml;         // [batch, n_heads, partitions, 2]
-  __nv_bfloat16* out;           // [batch, n_heads, head_dim]
-  const int32_t* context_lens;  // [batch]
-  int n_heads, head_dim, partitions, partition_keys, max_keys;
-};
-
-// Split-K, second kernel: one block per (sequence, query head) merges the partitions that
-// hold keys (ceil(len / partition_keys) of them):
-//     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
-// Threads as [rows][d / 4]: row r merges partitions r, r + rows, ... into its own (m, l, acc)
-// as it loads them -- m_i, l_i and 4 columns of o_i / l_i in one round of loads, the running
-// merge of the warps' states -- then the rows' states are merged once per column. (Weights
-// first and the o rows after them would be two dependent rounds of memory latency after the
-// wait, each a microsecond of a batch-1 step.)
-__global__ void __launch_bounds__(kReduceThreads) paged_attention_reduce_kernel(ReduceParams p) {
-  allow_next_kernel_to_start();  // the o_proj GEMV that follows may start (pdl.cuh)
-  const int b = blockIdx.x / p.n_heads;
-  const int d = p.head_dim;
-  __nv_bfloat16* out = p.out + static_cast<int64_t>(blockIdx.x) * d;
-  const int len = p.context_lens[b];  // a step input: read before the wait
-  wait_for_previous_kernel();    // launched early: the partitions must have been written
-  if (len <= 0 || len > p.max_keys) {  // padding row: zeros; unreadable: NaN
-    for (int e = threadIdx.x; e < d; e += blockDim.x) out[e] = __float2bfloat16(len == 0 ? 0.f : NAN);
-    return;
-  }
-  const int used = (len + p.partition_keys - 1) / p.partition_keys;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * p.partitions;
-  const float* ml = p.part_ml + first * 2;
-  const float* o = p.part_o + first * d;
-  const int cols = d / 4, rows = blockDim.x / cols;
-  const int r = threadIdx.x / cols, c4 = threadIdx.x % cols;
-  extern __shared__ float s_rows[];  // [rows] m, [rows] l, then [rows][d] acc
-  float* s_m = s_rows;
-  float* s_l = s_rows + rows;
-  float* s_acc = s_rows + 2 * rows;
-  if (r < rows) {
-    // TODO stage 14: m = -inf, l = 0, acc = 0 (4 floats); per i = r, r + rows, ... < used: load m_i, l_i and o[i, 4 c4 .. 4 c4 + 3]; top = max(m, m_i) (no key yet: m = -inf weighs 0); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; then s_m[r], s_l[r] (c4 == 0) and acc to s_acc[r, 4 c4 ..] (about 21 lines)
-  }
-  __syncthreads();
-  // TODO stage 14: per column e: M = max of s_m over the rows (row 0 holds partition 0: finite); out[e] = sum_r s_acc[r, e] 2^(s_m[r] - M) / sum_r s_l[r] 2^(s_m[r] - M) (about 11 lines)
+  // Split-K: the last of the `used` blocks of this (sequence, KV head [, chunk]) to get here
+  // merges them all. Its partials must be visible to that block before its ticket is: the
+  // fence orders every thread's writes before the barrier, and thread 0 takes the ticket after.
+  __shared__ bool s_last;
+  // TODO stage 14: __threadfence and __syncthreads; thread 0: atomicAdd 1 to the ticket of (b, blockIdx.y) (p.tickets[b * gridDim.y + blockIdx.y]); the block that drew used - 1 is the last: it resets the ticket to 0 (every other block of the launch has taken its own) and says so in s_last; __syncthreads; the others return; the last: __threadfence (it reads what the others wrote), then merge_partitions over shared memory (about 11 lines)
 }
 
 template <int kD, int kR>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 21 lines)
-  return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads; with partitions > 1 the reduce kernel, one block per (sequence, query head) (about 21 lines)";
+  // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)
+  return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16).
@@ -394,10 +392,14 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
 // n_kv_heads, head_dim] bf16, contiguous; block_size a power of two. block_tables: [batch,
 // max_blocks] int32; context_lens: [batch] int32 (never read by the host). out: [batch,
 // n_heads, head_dim] bf16. partitions > 1: split-K in partitions of partition_keys keys, with
-// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats.
+// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats and `tickets` at
+// least batch * n_kv_heads * ceil(group / 16) int32 zeros (one per block row; the kernel
+// leaves them zero, so they can be kept between calls, but never shared by two launches
+// running at once).
 tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
+                                           int32_t* tickets,
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
@@ -413,10 +415,10 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
     return "block_size must be a power of two";
   if (num_blocks < 0 || max_blocks < 0 || max_keys < 0) return "sizes must not be negative";
   if (partitions < 1 || partitions > kMaxPartitions ||
-      (partitions > 1 && (workspace == nullptr || partition_keys < 1 ||
+      (partitions > 1 && (workspace == nullptr || tickets == nullptr || partition_keys < 1 ||
                           static_cast<int64_t>(partitions) * partition_keys < max_keys)))
-    return "split-K needs a workspace and ceil(max_context / partition_keys) partitions, at "
-           "most 8192";
+    return "split-K needs a workspace, tickets and ceil(max_context / partition_keys) "
+           "partitions, at most 8192";
   const int group = n_heads / n_kv_heads;
   if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, kRows) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";
@@ -426,8 +428,8 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
   float* part_ml = workspace == nullptr ? nullptr : workspace + partials;
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
                  static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
-                 workspace, part_ml, block_tables, context_lens, q_stride, n_heads, n_kv_heads,
-                 head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
+                 workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
+                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
                  block_size, shift, max_blocks, max_keys, partitions, partition_keys,
                  scale * kLog2e};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,

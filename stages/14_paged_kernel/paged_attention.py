@@ -11,9 +11,9 @@ head h reads KV head h // (n_heads // n_kv_heads). `paged_decode_attention` send
 tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`.
 
 On CUDA, small batches are split into partitions of keys computed by separate thread blocks
-and merged by a second kernel (flash-decoding's split-K): partitions of 512 keys, halved down
-to 64 while the grid is short of 2 blocks per SM (one sequence of 8 KV heads on 132 SMs:
-64-key partitions up to max_context 4096). The partition size and count come from the batch
+and merged by the last of them to finish (flash-decoding's split-K, in one kernel):
+partitions of 512 keys, halved down to 64 while the grid is short of 2 blocks per SM (one
+sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 4096). The partition size and count come from the batch
 size, the heads and `max_context` (the engine's max_model_len; by default the block table's
 capacity, max_blocks * block_size), never from the lengths on the device, so a decode step is
 the same kernel launch at every step and can be captured in a CUDA graph. `partition_keys`

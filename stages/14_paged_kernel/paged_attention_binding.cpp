@@ -2,14 +2,19 @@
 // Read it; do not edit it. It is not graded (the grader uses the reference
 // copy), and any edit here is overwritten.
 // torch.ops.tinyvllm.paged_decode_attention: checks (shapes, dtypes, devices only), the split-K
-// choice (host values only) and its workspace, then paged_attention.cu. It reads no device
-// memory on the host (no block table or length values), so a decode step that calls it can be
-// captured in a CUDA graph; the workspace then comes from the graph's private memory pool.
+// choice (host values only), its workspace and tickets, then paged_attention.cu. It reads no
+// device memory on the host (no block table or length values), so a decode step that calls it
+// can be captured in a CUDA graph; the workspace then comes from the graph's private memory
+// pool, the tickets from a buffer kept for the process (split_k_tickets).
 // torch.ops.tinyvllm.paged_attention_partition_keys: that split-K choice alone (tests, benches).
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include "binding.h"
 
@@ -18,7 +23,7 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
 tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
-                                           int batch, int64_t q_stride, int n_heads,
+                                           int32_t* tickets, int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
                                            int partitions, int partition_keys, float scale,
@@ -32,6 +37,32 @@ int64_t rule_written(int64_t keys) {
   TORCH_CHECK_NOT_IMPLEMENTED(keys >= 0, "TODO stage 14: paged_attention_partition_keys, the "
                               "split-K rule (paged_attention.cu), is not written yet");
   return keys;
+}
+
+// Split-K's tickets: `count` int32 counters that are 0 when a launch starts (the block that
+// merges resets its own), so they are kept, not allocated per call: a memset per call would be
+// one more node in a decode graph. One zeroed buffer per device, grown (never freed: a graph
+// captured with an older one still writes to it) when a call needs more. Inside a CUDA-graph
+// capture nothing may be allocated for later: a capture that needs more than the buffer holds
+// gets zeros of its own from the graph's pool (the memset is captured too). One stream at a
+// time per device: two split-K launches running at once would share counters.
+int32_t* split_k_tickets(const at::Tensor& like, int64_t count) {
+  static std::mutex mutex;
+  static auto* kept = new std::map<int, std::vector<at::Tensor>>();  // outlives every graph
+  std::lock_guard<std::mutex> lock(mutex);
+  std::vector<at::Tensor>& buffers = (*kept)[like.device().index()];
+  if (!buffers.empty() && buffers.back().numel() >= count)
+    return buffers.back().data_ptr<int32_t>();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(tvllm::stream(), &capturing));
+  const auto options = like.options().dtype(at::kInt);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    static auto* captured = new std::vector<at::Tensor>();  // alive as long as the graph may be
+    captured->push_back(at::zeros({count}, options));
+    return captured->back().data_ptr<int32_t>();
+  }
+  buffers.push_back(at::zeros({std::max<int64_t>(count, 1 << 16)}, options));
+  return buffers.back().data_ptr<int32_t>();
 }
 
 // q: [B, n_heads, d]; k_cache, v_cache: [num_blocks, block_size, n_kv, d]; block_tables:
@@ -102,14 +133,18 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               "split-K: at most 8192 partitions (of 512 keys: max_context up to 4M), got ",
               partitions, " partitions of ", keys, " keys");
   at::Tensor workspace;  // partial o (float) then (m, l) per (sequence, head, partition)
-  if (partitions > 1)
+  int32_t* tickets = nullptr;
+  if (partitions > 1) {
     workspace = at::empty({batch * n_heads * partitions * (head_dim + 2)},
                           q.options().dtype(at::kFloat));
+    tickets = split_k_tickets(q, batch * n_heads);  // at least one per block row
+  }
   tvllm::check_launch(
       launch_paged_decode_attention(
           q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
           block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
-          partitions > 1 ? workspace.data_ptr<float>() : nullptr, static_cast<int>(batch),
+          partitions > 1 ? workspace.data_ptr<float>() : nullptr, tickets,
+          static_cast<int>(batch),
           q.stride(0), static_cast<int>(n_heads), static_cast<int>(n_kv),
           static_cast<int>(head_dim), static_cast<int>(num_blocks), static_cast<int>(block_size),
           static_cast<int>(block_tables.size(1)), static_cast<int>(max_keys),

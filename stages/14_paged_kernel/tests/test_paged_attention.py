@@ -507,7 +507,8 @@ def test_captured_in_a_cuda_graph(seed, batch, split):
     """A decode step runs inside a CUDA graph: the op must not read block_tables or
     context_lens on the host (nor size anything from them), and a replay must see the
     values written into them since, including a much longer context (more partitions;
-    at batch 1, partitions of 64 keys)."""
+    at batch 1, partitions of 64 keys), replay after replay (split-K's tickets start every
+    launch at 0)."""
     gen = checks.generator("cuda", seed)
     if batch == 1:
         lens, new_lens = [300], [2500]
@@ -530,12 +531,17 @@ def test_captured_in_a_cuda_graph(seed, batch, split):
     fresh = Paged(gen, new_lens, 32, 8, 64, **shape)
     for mine, theirs in zip(pg.args(), fresh.args()):
         mine.copy_(theirs)
-    checks.poison(out)
-    graph.replay()
-    torch.cuda.synchronize()
-    expected = sdpa_oracle(fresh, 0.125)
-    checks.assert_close(out, expected, what="graph replay with new block tables and lengths",
-                        dtype=torch.bfloat16, hint="" if not out.isnan().any() else NAN_HINT)
+    for replay in range(3):
+        checks.poison(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = sdpa_oracle(fresh, 0.125)
+        checks.assert_close(out, expected, dtype=torch.bfloat16,
+                            what=f"graph replay {replay + 1} with new block tables and lengths",
+                            hint="" if not out.isnan().any() else NAN_HINT)
+        fresh = Paged(gen, lens if replay % 2 == 0 else new_lens, 32, 8, 64, **shape)
+        for mine, theirs in zip(pg.args(), fresh.args()):
+            mine.copy_(theirs)
 
 
 @pytest.mark.gpu

@@ -307,6 +307,10 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 template <typename T> inline T __ldg(const T* p) { return *p; }
 // one fiber runs at a time: a read-modify-write is atomic between switches
 inline float atomicAdd(float* p, float v) { const float old = *p; *p = old + v; return old; }
+inline int atomicAdd(int* p, int v) { const int old = *p; *p = old + v; return old; }
+// one memory for every thread, and it is always current: fences order nothing more
+inline void __threadfence() {}
+template <typename T> inline T __ldcg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
