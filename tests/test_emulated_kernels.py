@@ -26,14 +26,17 @@ CALL = """
 """
 
 PAGED_SHIM = CALL + """
-extern "C" const char* emu_paged(const void* q, const void* k, const void* v, void* out,
+extern "C" const char* emu_paged(const void* q, void* k, void* v, void* out,
                                  const int32_t* tables, const int32_t* lens, float* ws,
-                                 int32_t* tickets, int batch,
+                                 int32_t* tickets, const void* k_new, const void* v_new,
+                                 int64_t new_stride, const int64_t* positions,
+                                 const float* cos_sin, int64_t max_positions, int batch,
                                  int64_t q_stride, int n_heads, int n_kv, int d, int num_blocks,
                                  int block_size, int max_blocks, int max_keys, int partitions,
                                  int partition_keys, float scale) {
   EMU_CALL(launch_paged_decode_attention(
-      q, k, v, out, tables, lens, ws, tickets, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
+      q, k, v, out, tables, lens, ws, tickets, k_new, v_new, new_stride, positions, cos_sin,
+      max_positions, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
       max_blocks, max_keys, partitions, partition_keys, scale, nullptr));
 }
 extern "C" int emu_partition_keys(int batch, int n_heads, int n_kv, int64_t max_keys, int split) {
@@ -87,14 +90,18 @@ def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: in
 @pytest.fixture(scope="module")
 def emu_paged():
     return _shim_function("14", "paged_attention.cu", PAGED_SHIM, "emu_paged",
-                          [ctypes.c_void_p] * 8 + [ctypes.c_int, ctypes.c_int64]
+                          [ctypes.c_void_p] * 10 + [ctypes.c_int64, ctypes.c_void_p,
+                                                    ctypes.c_void_p, ctypes.c_int64,
+                                                    ctypes.c_int, ctypes.c_int64]
                           + [ctypes.c_int] * 9 + [ctypes.c_float])
 
 
 # (batch, n_heads, n_kv, head_dim, lengths, options): Llama-3.2-1B's heads, SmolLM2's (3),
 # plain multi-head, groups of 6 to 24 (one or two blocks per KV head), head_dims from 8 to 128,
 # block sizes 1 to 64, split-K (a sequence in one partition, partitions merged in several rounds
-# of loads), padding rows, a bad block and a length past the table (NaN
+# of loads), the new token written and rotated by the kernel (stage 05's rope on q and on the
+# new key, stored at key len - 1; with two blocks per KV head; a position outside the table),
+# padding rows, a bad block and a length past the table (NaN
 # rows), q as a view of a fused QKV row.
 PAGED_CASES = {
     "llama-short": (2, 32, 8, 64, [1, 37], {}),
@@ -120,6 +127,10 @@ PAGED_CASES = {
     "bad-block-split": (3, 32, 8, 64, [40, 50, 60], {"bad": 2, "partition_keys": 64}),
     "too-long": (2, 32, 8, 64, [40, 50], {"too_long": 0}),
     "fused-qkv": (2, 9, 3, 64, [40, 50], {"extra_stride": 2 * 3 * 64}),
+    "new-token": (3, 32, 8, 64, [37, 1, 0], {"new": True}),
+    "new-token-split": (2, 32, 8, 64, [300, 17], {"new": True, "partition_keys": 64}),
+    "new-token-d128-group-24": (1, 48, 2, 128, [50], {"new": True}),
+    "new-token-bad-position": (2, 32, 8, 64, [40, 50], {"new": True, "bad_position": 1}),
 }
 
 
@@ -132,9 +143,20 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
     num_blocks = batch * max_blocks + 3
     k = torch.randn(num_blocks, block_size, n_kv, d, generator=g).bfloat16()
     v = torch.randn(num_blocks, block_size, n_kv, d, generator=g).bfloat16()
-    stride = n_heads * d + opt.get("extra_stride", 0)
+    new = opt.get("new", False)
+    stride = n_heads * d + opt.get("extra_stride", 0) + (2 * n_kv * d if new else 0)
     q_rows = torch.randn(batch, stride, generator=g).bfloat16()
     q = q_rows[:, : n_heads * d].view(batch, n_heads, d)
+    new_token, max_positions = None, 4096
+    if new:   # k and v as the QKV projection's views; q and k not yet rotated
+        at = n_heads * d
+        k_new, v_new = (q_rows[:, at + i * n_kv * d: at + (i + 1) * n_kv * d].view(batch, n_kv, d)
+                        for i in range(2))
+        angles = torch.rand(max_positions, d // 2, generator=g) * 100
+        positions = (torch.tensor(lens) - 1).clamp(min=0) * 7
+        if "bad_position" in opt:
+            positions[opt["bad_position"]] = max_positions
+        new_token = (k_new, v_new, positions, torch.cat([angles.cos(), angles.sin()], 1))
     tables = torch.randperm(num_blocks, generator=g)[: batch * max_blocks].view(
         batch, max_blocks).to(torch.int32).contiguous()
     lens_t = torch.tensor(lens, dtype=torch.int32)
@@ -146,6 +168,9 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
     if "too_long" in opt:
         run_lens[opt["too_long"]] = max_blocks * block_size + 1
         nan_rows.append(opt["too_long"])
+    if "bad_position" in opt:
+        nan_rows.append(opt["bad_position"])
+    k_before, v_before = k.clone(), v.clone()
     out = torch.full((batch, n_heads, d), 7.0).bfloat16()
     max_keys = max_blocks * block_size
     partitions = math.ceil(max_keys / partition_keys) if partition_keys else 1
@@ -154,8 +179,11 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
     scale = d ** -0.5
     error = emu_paged(
         q_rows.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), run_tables.data_ptr(),
-        run_lens.data_ptr(), workspace.data_ptr(), tickets.data_ptr(), batch, stride, n_heads, n_kv, d, num_blocks,
-        block_size, max_blocks, max_keys, partitions, partition_keys, scale)
+        run_lens.data_ptr(), workspace.data_ptr(), tickets.data_ptr(),
+        *(t.data_ptr() for t in new_token[:2]) if new else (None, None), stride if new else 0,
+        *(t.data_ptr() for t in new_token[2:]) if new else (None, None), max_positions, batch,
+        stride, n_heads, n_kv, d, num_blocks, block_size, max_blocks, max_keys, partitions,
+        partition_keys, scale)
     _ok(error)
     assert not tickets.any(), ("split-K's tickets must be 0 again after the launch (the block "
                                "that merges resets its counter), or the next launch miscounts")
@@ -163,7 +191,26 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
         assert out[r].float().isnan().all(), f"row {r} reads an unreadable block or length: NaN"
     keep = [r for r in range(batch) if r not in nan_rows]
     native = parts.reference("14", "paged_attention").paged_decode_attention_native
-    expected = native(q.contiguous(), k, v, tables, lens_t, scale)
+    if new:   # the twin writes the new tokens of the rows it keeps into copies of the caches
+        k_want, v_want = k_before.clone(), v_before.clone()
+        kept = torch.tensor(keep)
+        expected = torch.zeros_like(q)
+        expected[kept] = native(q[kept].contiguous(), k_want, v_want, tables[kept], lens_t[kept],
+                                scale, new_token=tuple(t[kept] for t in new_token[:3])
+                                + (new_token[3],))
+        if "bad_position" in opt:   # rope_cache_write stores a NaN key there, and the value
+            r = opt["bad_position"]
+            n = lens[r]
+            slot = (tables[r, (n - 1) // block_size], (n - 1) % block_size)
+            k_want[slot] = float("nan")
+            v_want[slot] = new_token[1][r]
+        for got, want in ((k, k_want), (v, v_want)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=(
+                "the new token's key (rotated with stage 05's roundings) and value must be "
+                "stored at its sequence's key len - 1, bit for bit as rope_cache_write stores "
+                "them, and nothing else in the caches may change"))
+    else:
+        expected = native(q.contiguous(), k, v, tables, lens_t, scale)
     # P is rounded to bf16 before P V (as on the tensor cores): a bf16 step of O(1) outputs
     torch.testing.assert_close(out[keep].float(), expected[keep].float(), atol=1.6e-2, rtol=1.6e-2)
 

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "pdl.cuh"
+#include "rope.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -67,23 +68,6 @@ __global__ void cache_write_kernel(const uint4* __restrict__ k, const uint4* __r
 
 using BF8 = Pack<__nv_bfloat16, 8>;
 constexpr int kMaxHeadDim = 256;  // the cos/sin row a block keeps in shared memory
-
-// Stage 05's rotation of 8 pairs (x1 = lo[j], x2 = hi[j]) with HF's roundings: cos and sin
-// rounded to bf16, each product and the sum rounded (__fmul_rn: no fused multiply-add).
-__device__ __forceinline__ void rotate(BF8& lo, BF8& hi, const float* cos_v, const float* sin_v) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float cs = to_float(from_float<__nv_bfloat16>(cos_v[j]));
-    const float sn = to_float(from_float<__nv_bfloat16>(sin_v[j]));
-    const float x1 = to_float(lo.v[j]), x2 = to_float(hi.v[j]);
-    const float a = to_float(from_float<__nv_bfloat16>(__fmul_rn(x1, cs))) -
-                    to_float(from_float<__nv_bfloat16>(__fmul_rn(x2, sn)));
-    const float b = to_float(from_float<__nv_bfloat16>(__fmul_rn(x2, cs))) +
-                    to_float(from_float<__nv_bfloat16>(__fmul_rn(x1, sn)));
-    lo.v[j] = from_float<__nv_bfloat16>(a);
-    hi.v[j] = from_float<__nv_bfloat16>(b);
-  }
-}
 
 struct RopeWrite {
   __nv_bfloat16* q;                  // [tokens, q_heads, d], rows q_stride apart

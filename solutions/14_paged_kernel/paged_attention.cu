@@ -51,6 +51,7 @@
 #include "cp_async.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
+#include "rope.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -71,8 +72,8 @@ using BF8 = Pack<__nv_bfloat16, 8>;  // 16 bytes: 8 dimensions of one head
 
 struct Params {
   const __nv_bfloat16* q;        // [batch, n_heads, head_dim], rows q_stride apart
-  const __nv_bfloat16* k;        // [num_blocks, block_size, n_kv_heads, head_dim], contiguous
-  const __nv_bfloat16* v;        // same shape as k
+  __nv_bfloat16* k;              // [num_blocks, block_size, n_kv_heads, head_dim], contiguous
+  __nv_bfloat16* v;              // same shape as k (both written only with p.k_new, below)
   __nv_bfloat16* out;            // [batch, n_heads, head_dim], contiguous
   float* part_o;                 // split-K: [batch, n_heads, partitions, head_dim], o / l
   float* part_ml;                // split-K: [batch, n_heads, partitions, 2]: m (base 2), l
@@ -88,6 +89,16 @@ struct Params {
   int partitions;                // 1: one pass, writes out; more: split-K partials
   int partition_keys;            // split-K: keys per partition (the last one may be shorter)
   float scale_log2;              // scale * log2(e)
+  // The new token, when this kernel writes it ("The new token" in the lesson; k_new ==
+  // nullptr: the cache write ran before, q is rotated). Its K and V, not yet rotated, [batch,
+  // n_kv_heads, head_dim] with rows new_stride apart (views of the QKV projection); q is not
+  // rotated either. Its position, and stage 05's table [max_positions, head_dim]: cos | sin.
+  const __nv_bfloat16* k_new;
+  const __nv_bfloat16* v_new;
+  int64_t new_stride;
+  const int64_t* positions;      // [batch]
+  const float* cos_sin;
+  int64_t max_positions;
 };
 
 // The softmax state of one query head over some of its keys (base 2): m = max score, l = sum
@@ -131,6 +142,7 @@ struct Smem {
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
   static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
+  static constexpr int kRopeChunks = kD * 4 / 16;  // the new token's cos | sin row, 16-byte pieces
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -284,6 +296,62 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
   // END SOLUTION
 }
 
+// The new token's key and value, when the attention kernel writes them (p.k_new): lanes
+// 0 .. kD/16 - 1 rotate pieces (lane, lane + kD/16) of k, stage 05's pairs (x[i], x[i + kD/2])
+// for i in 8 lane .. 8 lane + 7, and store them at element `at` of k_cache; lanes 16 .. 16 +
+// kD/8 - 1 copy v's pieces to v_cache. at < 0: a block outside the pool, nothing is stored
+// (the kernel's fetch marks the row NaN). Needs head_dim == kD.
+template <int kD>
+__device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_head, int lane,
+                                                bool bad_pos, const float* s_rope, int64_t at) {
+  constexpr int kHalf = kD / 2, kHalfPieces = kD / 16;
+  const int64_t row = static_cast<int64_t>(b) * p.new_stride + static_cast<int64_t>(kv_head) * kD;
+  if (lane < kHalfPieces) {
+    const int i = lane * 8;
+    BF8 lo = *reinterpret_cast<const BF8*>(p.k_new + row + i);
+    BF8 hi = *reinterpret_cast<const BF8*>(p.k_new + row + kHalf + i);
+    rotate(lo, hi, s_rope + i, s_rope + kHalf + i);
+    if (bad_pos) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) lo.v[e] = hi.v[e] = __float2bfloat16(NAN);
+    }
+    if (at >= 0) {
+      *reinterpret_cast<BF8*>(p.k + at + i) = lo;
+      *reinterpret_cast<BF8*>(p.k + at + kHalf + i) = hi;
+    }
+  } else if (lane >= 16 && lane < 16 + kD / 8 && at >= 0) {
+    const int i = (lane - 16) * 8;
+    *reinterpret_cast<BF8*>(p.v + at + i) =
+        *reinterpret_cast<const BF8*>(p.v_new + row + i);
+  }
+}
+
+// q as given, rotated in its A fragments (p.k_new): this lane's dims 16kk + 2t (+1, +8, +9)
+// for kk < kD/32 are first halves of stage 05's pairs, whose second halves are the same
+// places of fragment kk + kD/32. A position outside the table: NaN.
+template <int kD>
+__device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4], const float* s_rope, int t,
+                                         bool bad_pos) {
+  constexpr int kHalf = kD / 2;
+#pragma unroll
+  for (int kk = 0; kk < kD / 32; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (bad_pos) {
+        qf[kk][r] = qf[kk + kD / 32][r] = 0x7fc07fc0u;  // two bf16 NaNs
+        continue;
+      }
+      const int col = 16 * kk + 2 * t + (r >= 2 ? 8 : 0);
+      const float2 x1 = unpack_bf16(qf[kk][r]), x2 = unpack_bf16(qf[kk + kD / 32][r]);
+      float a1 = x1.x, b1 = x1.y, a2 = x2.x, b2 = x2.y;
+      rotate_pair(a1, a2, s_rope[col], s_rope[kHalf + col]);
+      rotate_pair(b1, b2, s_rope[col + 1], s_rope[kHalf + col + 1]);
+      qf[kk][r] = pack_bf16(a1, b1);
+      qf[kk + kD / 32][r] = pack_bf16(a2, b2);
+    }
+  }
+}
+
 // One block per (sequence [, partition], KV head [, chunk of 16 of its query heads]):
 // blockIdx.x = b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
@@ -353,6 +421,21 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) lookup(i, ahead[i]);
   lookup(kStages - 1, blk);
+
+  // The new token (p.k_new): its position's cos | sin row goes to shared memory by cp.async
+  // (a step input and a constant table: before the wait). A position outside the table makes
+  // q and the new key NaN.
+  __shared__ __align__(16) float s_rope[kD];
+  const bool rotates = p.k_new != nullptr;
+  bool bad_pos = false;
+  if (rotates && !fill) {
+    const int64_t pos = p.positions[b];
+    bad_pos = pos < 0 || pos >= p.max_positions;
+    if (threadIdx.x < Smem<kD>::kRopeChunks)
+      copy16(reinterpret_cast<uint4*>(s_rope) + threadIdx.x,
+             p.cos_sin + (bad_pos ? 0 : pos * kD) + threadIdx.x * 4, !bad_pos);
+    copies_commit();
+  }
   wait_for_previous_kernel();  // the cache write has finished: its row, and q, can be read
 
   if (fill) {
@@ -378,6 +461,22 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     qf[kk][3] = q_pair(g + 8, 16 * kk + 2 * t + 8);
   }
   // END SOLUTION
+  if (rotates) {
+    copies_wait<0>();  // this thread's piece of the cos | sin row ...
+    __syncthreads();   // ... and every thread's
+    // The warp whose steps hold key len - 1 rotates it and stores it, and v, to the cache
+    // before it copies that step back (__syncwarp: other lanes copy what these lanes wrote).
+    const int last = len - 1;
+    if (last >= k_begin && last < k_end && ((last - k_begin) / kStepKeys) % kWarps == warp) {
+      const int blk_new = __ldg(table + (last >> p.block_shift));
+      write_new_token<kD>(p, b, kv_head, lane, bad_pos, s_rope,
+                          static_cast<unsigned>(blk_new) < static_cast<unsigned>(p.num_blocks)
+                              ? (static_cast<int64_t>(blk_new) * p.block_size +
+                                 (last & (p.block_size - 1))) * key_stride + head_off
+                              : -1);
+      __syncwarp();
+    }
+  }
   float o[kD / 8][4];
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -420,6 +519,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     fetch(i, ahead[i]);
     copies_commit();
   }
+  if (rotates) rotate_q<kD>(qf, s_rope, t, bad_pos);  // after the copies: q's loads overlap them
   for (int i = 0; i < my_steps; ++i) {
     copies_wait<kStages - 2>();  // this lane's copies of step i have landed ...
     __syncwarp();                // ... and every lane's: ldmatrix reads them all
@@ -600,11 +700,17 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
 // `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats and `tickets` at
 // least batch * n_kv_heads * ceil(group / 16) int32 zeros (one per block row; the kernel
 // leaves them zero, so they can be kept between calls, but never shared by two launches
-// running at once).
-tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+// running at once). k_new == nullptr: the new tokens are in the cache and q is rotated;
+// else k_new, v_new: [batch, n_kv_heads, head_dim] bf16 rows new_stride apart (a multiple
+// of 8), positions: [batch] int64, cos_sin: [max_positions, head_dim] float32, head_dim 64 or
+// 128: the kernel rotates q, and stores each sequence's new key (rotated) and value at its key
+// context_lens[b] - 1 first.
+tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
-                                           int32_t* tickets,
+                                           int32_t* tickets, const void* k_new, const void* v_new,
+                                           int64_t new_stride, const int64_t* positions,
+                                           const float* cos_sin, int64_t max_positions,
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
@@ -624,6 +730,11 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
                           static_cast<int64_t>(partitions) * partition_keys < max_keys)))
     return "split-K needs a workspace, tickets and ceil(max_context / partition_keys) "
            "partitions, at most 8192";
+  if (k_new != nullptr &&
+      (v_new == nullptr || positions == nullptr || cos_sin == nullptr || new_stride % 8 != 0 ||
+       (head_dim != 64 && head_dim != 128)))
+    return "the new token's k, v, positions and cos/sin come together, rows a multiple of 8 "
+           "apart, at head_dim 64 or 128";
   const int group = n_heads / n_kv_heads;
   if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, kRows) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";
@@ -631,12 +742,14 @@ tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, c
   while ((1 << shift) < block_size) ++shift;
   const int64_t partials = static_cast<int64_t>(batch) * n_heads * partitions * head_dim;
   float* part_ml = workspace == nullptr ? nullptr : workspace + partials;
-  const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k_cache),
-                 static_cast<const __nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
+  const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k_cache),
+                 static_cast<__nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
                  workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
                  n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
                  block_size, shift, max_blocks, max_keys, partitions, partition_keys,
-                 scale * kLog2e};
+                 scale * kLog2e, static_cast<const __nv_bfloat16*>(k_new),
+                 static_cast<const __nv_bfloat16*>(v_new), new_stride, positions, cos_sin,
+                 max_positions};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,
   // its dims past head_dim zeros
   const auto by_dim = head_dim == 64 ? launch_dim<64> : launch_dim<128>;

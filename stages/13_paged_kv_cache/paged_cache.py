@@ -19,7 +19,10 @@ rows of a decode graph write their K/V there and their block tables point at it.
     rotate q, k and write the new K/V   -> rope_cache_write (this stage's kernel: stage 05's
                                            rope and the store in one; the model hands the
                                            rotation over because `applies_rope` is true)
-    every sequence has one new token    -> paged_decode_attention (stage 14) over the block tables
+    every sequence has one new token    -> paged_decode_attention (stage 14) over the block
+                                           tables; with stage 14 at head_dim 64 or 128 it does
+                                           the rotation and the store itself (new_token=...),
+                                           and rope_cache_write does not run
     no sequence has cached tokens       -> prefill_attention over the new tokens
     otherwise (a prompt continued, a prefix-cache hit, a recompute after preemption)
                                         -> gather each sequence's keys (key_rows), prefill with
@@ -114,8 +117,9 @@ class PagedAttention:
         self.prefill = ops.get("prefill_attention")
         try:
             self.decode = ops.get("paged_decode_attention")
+            self.decode_writes = True   # it takes the new token (stage 14's new_token)
         except KeyError:    # stage 14 not available yet
-            self.decode = _gathered_decode
+            self.decode, self.decode_writes = _gathered_decode, False
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta, scale: float, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -126,6 +130,10 @@ class PagedAttention:
         if cache is None:   # a step without a cache (a warm-up, stage 08's packed_inputs)
             self.rope(q, k, positions, cos_sin, check=False)
             return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
+        if meta.decode and self.decode_writes and q.shape[-1] in (64, 128):
+            return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,
+                               meta.context_lens, scale, max_context=cache.max_len,
+                               new_token=(k, v, positions, cos_sin))
         cache.rope_write(layer, q, k, v, meta.slot_mapping, positions, cos_sin)
         if meta.decode:
             return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,

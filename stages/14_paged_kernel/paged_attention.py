@@ -18,6 +18,12 @@ size, the heads and `max_context` (the engine's max_model_len; by default the bl
 capacity, max_blocks * block_size), never from the lengths on the device, so a decode step is
 the same kernel launch at every step and can be captured in a CUDA graph. `partition_keys`
 says what a call would use.
+
+With `new_token=(k, v, positions, cos_sin)` the step's new tokens are not in the cache yet and
+q is not rotated: the kernel rotates q (stage 05's RoPE, in registers), and stores each
+sequence's new key, rotated, and value at its key context_lens[b] - 1 before it reads them
+(the lesson's "The new token"): one kernel of a decode step instead of stage 13's
+rope_cache_write and this one. q, k and v themselves are not changed.
 """
 from __future__ import annotations
 
@@ -43,12 +49,33 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          f"{tuple(context_lens.shape)}")
 
 
+NewToken = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def write_new_token_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           new_token: NewToken) -> torch.Tensor:
+    """What the kernel does first with `new_token`: stage 13's rope_cache_write on copies of
+    q and k, each sequence's slot that of its key context_lens[b] - 1 (none for a padding row).
+    Returns the rotated q."""
+    k, v, positions, cos_sin = new_token
+    block_size = k_cache.shape[1]
+    slots = [-1 if n == 0 else row[(n - 1) // block_size] * block_size + (n - 1) % block_size
+             for row, n in zip(block_tables.tolist(), context_lens.tolist())]
+    q = q.clone()
+    parts.load("13", "cache_write").rope_cache_write_native(
+        q, k.clone(), v, positions, cos_sin, k_cache, v_cache,
+        torch.tensor(slots, dtype=torch.int64, device=q.device))
+    return q
+
+
 def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                   block_tables: torch.Tensor, context_lens: torch.Tensor,
                                   scale: float, out: torch.Tensor | None = None,
                                   max_context: int | None = None,
                                   split: bool | None = None,
-                                  partition: int | None = None) -> torch.Tensor:
+                                  partition: int | None = None,
+                                  new_token: NewToken | None = None) -> torch.Tensor:
     """Plain torch, one sequence at a time, in float32; the result is cast to q's dtype.
 
     q: [batch, n_heads, head_dim]; k_cache, v_cache: [num_blocks, block_size, n_kv_heads,
@@ -56,8 +83,11 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     row, its output is zeros). Returns [batch, n_heads, head_dim], into `out` when given.
     max_context: no context may be longer (the kernel's contract); split and partition are the
     kernel's (accepted here so both take the same arguments: the math does not depend on them).
+    new_token: see the top (write_new_token_native).
     """
     _check(q, k_cache, v_cache, block_tables, context_lens)
+    if new_token is not None:
+        q = write_new_token_native(q, k_cache, v_cache, block_tables, context_lens, new_token)
     if max_context is not None and any(n > max_context for n in context_lens.tolist()):
         raise ValueError(f"paged attention: a context length in {context_lens.tolist()} exceeds "
                          f"max_context = {max_context}")
@@ -88,8 +118,8 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            out: torch.Tensor | None = None, max_context: int | None = None,
-                           split: bool | None = None, partition: int | None = None
-                           ) -> torch.Tensor:
+                           split: bool | None = None, partition: int | None = None,
+                           new_token: NewToken | None = None) -> torch.Tensor:
     """One query token per sequence against its paged cache: the kernel on CUDA, the twin on CPU.
 
     q: [batch, n_heads, head_dim] bf16, each row's heads contiguous, rows a multiple of 8
@@ -104,19 +134,23 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     small against the SM count), True / False = always / never (tests, measurements).
     partition: None = the kernel's partition size; a multiple of 16 = split-K in partitions
     of that many keys, whatever the batch (tests, measurements; not with split=False).
+    new_token: (k, v, positions, cos_sin) of the step's new tokens, not yet in the cache, and q
+    not rotated (see the top): k, v [batch, n_kv_heads, head_dim] bf16 (views of the QKV rows,
+    one row stride), positions [batch] int64, cos_sin [max_positions, head_dim] float32 (stage
+    05's table); head_dim 64 or 128 on CUDA. A position outside the table gives a NaN row.
     The CUDA path never reads a device value on the host (it can be captured in a CUDA
     graph), so it cannot check values: a row whose length exceeds max_context or the block
     table, or whose blocks lie outside the pool, is NaN. Validate them on the host.
     """
     if not q.is_cuda:
         return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
-                                             scale, out, max_context, split)
+                                             scale, out, max_context, split, partition, new_token)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     parts.kernels().paged_decode_attention(
         q, k_cache, v_cache, block_tables, context_lens, float(scale),
         -1 if max_context is None else int(max_context), -1 if split is None else int(bool(split)),
-        out, 0 if partition is None else int(partition))
+        out, 0 if partition is None else int(partition), *(new_token or (None,) * 4))
     return out
 
 

@@ -20,10 +20,12 @@
 
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split);
-tvllm_status launch_paged_decode_attention(const void* q, const void* k_cache, const void* v_cache,
+tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v_cache,
                                            void* out, const int32_t* block_tables,
                                            const int32_t* context_lens, float* workspace,
-                                           int32_t* tickets, int batch, int64_t q_stride, int n_heads,
+                                           int32_t* tickets, const void* k_new, const void* v_new,
+                                           int64_t new_stride, const int64_t* positions,
+                                           const float* cos_sin, int64_t max_positions, int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
                                            int partitions, int partition_keys, float scale,
@@ -70,11 +72,17 @@ int32_t* split_k_tickets(const at::Tensor& like, int64_t count) {
 // max_context: the longest context any sequence may have (-1: max_blocks * block_size); with
 // the batch and the heads it fixes the split-K partitions. split: -1 let the kernel decide, 0
 // never, 1 always. partition: 0 = the kernel's partition size; > 0 (a multiple of 16): split-K
-// in partitions of that many keys (tests, measurements).
-void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
-                            const at::Tensor& v_cache, const at::Tensor& block_tables,
-                            const at::Tensor& context_lens, double scale, int64_t max_context,
-                            int64_t split, at::Tensor& out, int64_t partition) {
+// in partitions of that many keys (tests, measurements). k_new, v_new: [B, n_kv, d] bf16
+// (views of the QKV rows), positions: [B] int64, cos_sin: [max_positions, d] float32, all or
+// none: the new token is not in the cache yet and q not rotated; the kernel rotates q, and
+// writes each sequence's new key (rotated) and value at its key context_lens[b] - 1.
+void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t max_context,
+                            int64_t split, at::Tensor& out, int64_t partition,
+                            const std::optional<at::Tensor>& k_new,
+                            const std::optional<at::Tensor>& v_new,
+                            const std::optional<at::Tensor>& positions,
+                            const std::optional<at::Tensor>& cos_sin) {
   tvllm::check_head_rows(q, "q");
   struct Expected { const at::Tensor& t; const char* name; at::ScalarType dtype; int64_t dim; };
   for (const Expected& e : {Expected{k_cache, "k_cache", at::kBFloat16, 4},
@@ -116,6 +124,30 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
               partition);
   TORCH_CHECK(partition == 0 || split != 0, "partition (", partition, " keys) forces split-K: "
               "it cannot go with split = 0 (never)");
+  const bool rotates = k_new.has_value();
+  TORCH_CHECK(rotates == v_new.has_value() && rotates == positions.has_value() &&
+                  rotates == cos_sin.has_value(),
+              "the new token's k_new, v_new, positions and cos_sin come together, or none");
+  if (rotates) {
+    TORCH_CHECK(head_dim == 64 || head_dim == 128, "with the new token (k_new), head_dim must be "
+                "64 or 128, got ", head_dim);
+    for (const at::Tensor* t : {&*k_new, &*v_new}) {
+      tvllm::check_head_rows(*t, "k_new and v_new");
+      tvllm::check_same_device(q, *t);
+      TORCH_CHECK(t->size(0) == batch && t->size(1) == n_kv && t->size(2) == head_dim,
+                  "k_new and v_new must be [", batch, ", ", n_kv, ", ", head_dim, "], got ",
+                  t->sizes());
+    }
+    TORCH_CHECK(k_new->stride(0) == v_new->stride(0), "k_new and v_new must have one row "
+                "stride (views of one QKV row), got ", k_new->stride(0), " and ", v_new->stride(0));
+    tvllm::check_tensor(*positions, "positions", at::kLong, 1);
+    tvllm::check_tensor(*cos_sin, "cos_sin", at::kFloat, 2);
+    tvllm::check_same_device(q, *positions);
+    tvllm::check_same_device(q, *cos_sin);
+    TORCH_CHECK(positions->size(0) == batch && cos_sin->size(1) == head_dim,
+                "positions must be [", batch, "] and cos_sin [max_positions, ", head_dim,
+                "], got ", positions->sizes(), " and ", cos_sin->sizes());
+  }
   const int64_t capacity = block_tables.size(1) * block_size;
   const int64_t max_keys = max_context < 0 ? capacity : std::min(capacity, max_context);
   TORCH_CHECK(batch < (int64_t{1} << 31) && num_blocks < (int64_t{1} << 31) &&
@@ -144,6 +176,9 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
           q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
           block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
           partitions > 1 ? workspace.data_ptr<float>() : nullptr, tickets,
+          rotates ? k_new->data_ptr() : nullptr, rotates ? v_new->data_ptr() : nullptr,
+          rotates ? k_new->stride(0) : 0, rotates ? positions->data_ptr<int64_t>() : nullptr,
+          rotates ? cos_sin->data_ptr<float>() : nullptr, rotates ? cos_sin->size(0) : 0,
           static_cast<int>(batch),
           q.stride(0), static_cast<int>(n_heads), static_cast<int>(n_kv),
           static_cast<int>(head_dim), static_cast<int>(num_blocks), static_cast<int>(block_size),
@@ -171,9 +206,10 @@ int64_t partition_keys(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
-  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor context_lens, float scale, int max_context, int split, Tensor(a!) out, "
-        "int partition=0) -> ()",
+  m.def("paged_decode_attention(Tensor q, Tensor(b!) k_cache, Tensor(c!) v_cache, "
+        "Tensor block_tables, Tensor context_lens, float scale, int max_context, int split, "
+        "Tensor(a!) out, int partition=0, Tensor? k_new=None, Tensor? v_new=None, "
+        "Tensor? positions=None, Tensor? cos_sin=None) -> ()",
         &paged_decode_attention);
   m.def("paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int max_keys, "
         "int split=-1) -> int",
