@@ -52,6 +52,9 @@ class Paged:
             qkv = checks.randn((batch, (n_heads + 2 * n_kv) * d), torch.bfloat16, "cuda", gen,
                                scale=q_scale)
             self.q = qkv[:, :n_heads * d].view(batch, n_heads, d)
+            at = n_heads * d   # the new tokens' k and v: the rest of each QKV row
+            self.k_new, self.v_new = (qkv[:, at + i * n_kv * d: at + (i + 1) * n_kv * d]
+                                      .view(batch, n_kv, d) for i in range(2))
         else:
             self.q = checks.randn((batch, n_heads, d), torch.bfloat16, "cuda", gen, scale=q_scale)
         shape = (num_blocks, block_size, n_kv, d)
@@ -542,6 +545,42 @@ def test_captured_in_a_cuda_graph(seed, batch, split):
         fresh = Paged(gen, lens if replay % 2 == 0 else new_lens, 32, 8, 64, **shape)
         for mine, theirs in zip(pg.args(), fresh.args()):
             mine.copy_(theirs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [None, True, False], ids=["auto", "split", "single"])
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (9, 3, 64), (16, 4, 128), (48, 2, 64)],
+                         ids=lambda v: str(v))
+def test_the_new_token_written_by_the_kernel(seed, split, n_heads, n_kv, d):
+    """new_token=(k, v, positions, cos_sin): the kernel rotates q and the new key (stage 05's
+    RoPE with its roundings) and stores key and value at key len - 1 itself. The same caches
+    and the same rows, bit for bit, as stage 13's rope_cache_write followed by the kernel
+    without new_token; q, k and v untouched; a padding row stores nothing."""
+    gen = checks.generator("cuda", seed)
+    lens = [1, 16, 17, 300, 0, 1000]
+    pg = Paged(gen, lens, n_heads, n_kv, d, fused=True)
+    positions = (torch.tensor(lens, device="cuda") - 1).clamp(min=0) * 3
+    rope = parts.load("05", "rope_tables")
+    cos_sin = rope.cos_sin_cache(d, 500000.0, None, 4096, device="cuda")
+    given = [t.clone() for t in (pg.q, pg.k_new, pg.v_new)]
+    # the reference: rope_cache_write on copies, then the kernel over the written caches
+    q_ref, k_ref = pg.q.clone(), pg.k_new.clone()
+    k_cache, v_cache = pg.k.clone(), pg.v.clone()
+    bs = pg.block_size
+    slots = torch.tensor([-1 if n == 0 else pg.tables[b][(n - 1) // bs] * bs + (n - 1) % bs
+                          for b, n in enumerate(lens)], dtype=torch.int64, device="cuda")
+    parts.load("13", "cache_write").rope_cache_write(q_ref, k_ref, pg.v_new, positions, cos_sin,
+                                                     k_cache, v_cache, slots)
+    op = paged_op().paged_decode_attention
+    want = op(q_ref, k_cache, v_cache, pg.block_tables, pg.context_lens, d ** -0.5, split=split)
+    got = op(*pg.args(), d ** -0.5, split=split,
+             new_token=(pg.k_new, pg.v_new, positions, cos_sin))
+    for mine, theirs, what in ((pg.k, k_cache, "k_cache"), (pg.v, v_cache, "v_cache"),
+                               (got, want, "the output")):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True, msg=lambda m: (
+            f"{what} with new_token differs from rope_cache_write then the kernel: {m}"))
+    for t, before, name in zip((pg.q, pg.k_new, pg.v_new), given, ("q", "k", "v")):
+        assert torch.equal(t, before), f"new_token: {name} itself must not change"
 
 
 @pytest.mark.gpu
