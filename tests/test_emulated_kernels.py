@@ -33,11 +33,11 @@ extern "C" const char* emu_paged(const void* q, void* k, void* v, void* out,
                                  const float* cos_sin, int64_t max_positions, int batch,
                                  int64_t q_stride, int n_heads, int n_kv, int d, int num_blocks,
                                  int block_size, int max_blocks, int max_keys, int partitions,
-                                 int partition_keys, float scale) {
+                                 int partition_keys, bool exact, float scale) {
   EMU_CALL(launch_paged_decode_attention(
       q, k, v, out, tables, lens, ws, tickets, k_new, v_new, new_stride, positions, cos_sin,
       max_positions, batch, q_stride, n_heads, n_kv, d, num_blocks, block_size,
-      max_blocks, max_keys, partitions, partition_keys, scale, nullptr));
+      max_blocks, max_keys, partitions, partition_keys, exact, scale, nullptr));
 }
 extern "C" int emu_partition_keys(int batch, int n_heads, int n_kv, int64_t max_keys, int split) {
   return paged_attention_partition_keys(batch, n_heads, n_kv, max_keys, split);
@@ -93,13 +93,13 @@ def emu_paged():
                           [ctypes.c_void_p] * 10 + [ctypes.c_int64, ctypes.c_void_p,
                                                     ctypes.c_void_p, ctypes.c_int64,
                                                     ctypes.c_int, ctypes.c_int64]
-                          + [ctypes.c_int] * 9 + [ctypes.c_float])
+                          + [ctypes.c_int] * 9 + [ctypes.c_bool, ctypes.c_float])
 
 
 # (batch, n_heads, n_kv, head_dim, lengths, options): Llama-3.2-1B's heads, SmolLM2's (3),
 # plain multi-head, groups of 6 to 24 (one or two blocks per KV head), head_dims from 8 to 128,
 # block sizes 1 to 64, split-K (a sequence in one partition, partitions merged in several rounds
-# of loads), the new token written and rotated by the kernel (stage 05's rope on q and on the
+# of loads, sequences of at most kWholeKeys = 256 keys whole when the size is not forced), the new token written and rotated by the kernel (stage 05's rope on q and on the
 # new key, stored at key len - 1; with two blocks per KV head; a position outside the table),
 # padding rows, a bad block and a length past the table (NaN
 # rows), q as a view of a fused QKV row.
@@ -110,6 +110,8 @@ PAGED_CASES = {
     "split-k": (1, 32, 8, 64, [300], {"partition_keys": 64}),
     "split-k-one-partition": (3, 32, 8, 64, [40, 300, 64], {"partition_keys": 64}),
     "split-k-many": (1, 32, 8, 64, [700], {"partition_keys": 16}),
+    "split-k-whole-short": (4, 32, 8, 64, [256, 257, 1, 600], {"partition_keys": 64,
+                                                                "whole": True}),
     "smollm2-group-3": (2, 9, 3, 64, [33, 70], {}),
     "multi-head": (1, 8, 8, 64, [50], {}),
     "group-12": (1, 12, 1, 64, [40], {}),
@@ -183,7 +185,7 @@ def test_paged_attention_kernel_in_the_emulator(emu_paged, case):
         *(t.data_ptr() for t in new_token[:2]) if new else (None, None), stride if new else 0,
         *(t.data_ptr() for t in new_token[2:]) if new else (None, None), max_positions, batch,
         stride, n_heads, n_kv, d, num_blocks, block_size, max_blocks, max_keys, partitions,
-        partition_keys, scale)
+        partition_keys, not opt.get("whole", False), scale)
     _ok(error)
     assert not tickets.any(), ("split-K's tickets must be 0 again after the launch (the block "
                                "that merges resets its counter), or the next launch miscounts")

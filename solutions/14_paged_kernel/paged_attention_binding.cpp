@@ -25,7 +25,8 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
                                            const float* cos_sin, int64_t max_positions, int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
-                                           int partitions, int partition_keys, float scale,
+                                           int partitions, int partition_keys,
+                                           bool exact_partitions, float scale,
                                            cudaStream_t stream);
 
 namespace {
@@ -180,7 +181,8 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
           q.stride(0), static_cast<int>(n_heads), static_cast<int>(n_kv),
           static_cast<int>(head_dim), static_cast<int>(num_blocks), static_cast<int>(block_size),
           static_cast<int>(block_tables.size(1)), static_cast<int>(max_keys),
-          static_cast<int>(partitions), static_cast<int>(keys), static_cast<float>(scale),
+          static_cast<int>(partitions), static_cast<int>(keys), partition > 0,
+          static_cast<float>(scale),
           tvllm::stream()),
       "paged_decode_attention");
 }

@@ -60,6 +60,7 @@ namespace {
 constexpr int kMaxHeadDim = 128;
 constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
 constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
+constexpr int kWholeKeys = 256;      // split-K: a sequence this short is one partition (see keys)
 constexpr int kMaxPartitions = 8192; // bounds the workspace: 136 MB a sequence at 32 heads of 128
 constexpr int kStepKeys = 16;        // keys per warp step: the k of P V's mma
 constexpr int kRows = 16;            // query heads per block: the rows of an mma
@@ -88,6 +89,8 @@ struct Params {
   int max_keys;                  // longest context allowed: min(max_blocks * block_size, max_context)
   int partitions;                // 1: one pass, writes out; more: split-K partials
   int partition_keys;            // split-K: keys per partition (the last one may be shorter)
+  int whole_keys;                // split-K: a sequence of at most this many keys is one
+                                 // partition (kWholeKeys; 0 when the call forces its size)
   float scale_log2;              // scale * log2(e)
   // The new token, when this kernel writes it ("The new token" in the lesson; k_new ==
   // nullptr: the cache write ran before, q is rotated). Its K and V, not yet rotated, [batch,
@@ -274,7 +277,11 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 
   const int len = p.context_lens[b];
   const bool bad_len = len < 0 || len > p.max_keys;
-  // TODO stage 14: this block's keys [k_begin, k_end): the whole context, or partition `part` of p.partition_keys keys, clipped to len (about 2 lines)
+  // Split-K's partition size for this sequence: the call's, or the whole sequence when it is
+  // short ("Short sequences are one partition" in the lesson: a merge costs more than the
+  // parallelism saves). From the length on the device, so the grid stays the same.
+  const int keys = len <= p.whole_keys ? max(p.partition_keys, p.whole_keys) : p.partition_keys;
+  // TODO stage 14: this block's keys [k_begin, k_end): the whole context, or partition `part` of `keys` keys, clipped to len (about 2 lines)
   const int k_begin = 0, k_end = 0;
 
   // A padding row gets zeros, a row that cannot be read NaN, from the single pass or split-K's
@@ -408,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 
   // The partitions that hold keys: one in the single pass, and for a short sequence in
   // split-K, which then writes its rows directly (nothing to merge).
-  const int used = p.partitions > 1 ? (len + p.partition_keys - 1) / p.partition_keys : 1;
+  const int used = p.partitions > 1 ? (len + keys - 1) / keys : 1;
 
   // One thread per (head, 16-byte piece): merge the warps; then either the final row or this
   // partition's partial state (split-K).
@@ -491,8 +498,9 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
 // aligned (it may be a view of a fused QKV tensor). k_cache, v_cache: [num_blocks, block_size,
 // n_kv_heads, head_dim] bf16, contiguous; block_size a power of two. block_tables: [batch,
 // max_blocks] int32; context_lens: [batch] int32 (never read by the host). out: [batch,
-// n_heads, head_dim] bf16. partitions > 1: split-K in partitions of partition_keys keys, with
-// `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats and `tickets` at
+// n_heads, head_dim] bf16. partitions > 1: split-K in partitions of partition_keys keys (a
+// sequence of at most kWholeKeys keys in one, unless exact_partitions: a size the call forces),
+// with `workspace` holding batch * n_heads * partitions * (head_dim + 2) floats and `tickets` at
 // least batch * n_kv_heads * ceil(group / 16) int32 zeros (one per block row; the kernel
 // leaves them zero, so they can be kept between calls, but never shared by two launches
 // running at once). k_new == nullptr: the new tokens are in the cache and q is rotated;
@@ -509,7 +517,8 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
                                            int batch, int64_t q_stride, int n_heads,
                                            int n_kv_heads, int head_dim, int num_blocks,
                                            int block_size, int max_blocks, int max_keys,
-                                           int partitions, int partition_keys, float scale,
+                                           int partitions, int partition_keys,
+                                           bool exact_partitions, float scale,
                                            cudaStream_t stream) {
   if (batch == 0 || n_heads == 0) return TVLLM_OK;
   const bool grouped = n_kv_heads > 0 && n_heads % n_kv_heads == 0;
@@ -542,7 +551,7 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
                  workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
                  n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
                  block_size, shift, max_blocks, max_keys, partitions, partition_keys,
-                 scale * kLog2e, static_cast<const __nv_bfloat16*>(k_new),
+                 exact_partitions ? 0 : kWholeKeys, scale * kLog2e, static_cast<const __nv_bfloat16*>(k_new),
                  static_cast<const __nv_bfloat16*>(v_new), new_stride, positions, cos_sin,
                  max_positions};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,

@@ -284,8 +284,9 @@ def test_batch_of_256(seed):
 @pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (12, 4, 128), (16, 2, 64)],
                          ids=lambda v: str(v))
 def test_split_on_and_off_agree(seed, n_heads, n_kv, d):
-    """Split-K (partitions of the kernel's size: 512, 256 or 128 keys here, merged by a second
-    kernel) and the single pass give the same result; lengths around 512-key edges."""
+    """Split-K (partitions of the kernel's size: 512, 256 or 128 keys here, merged by the last
+    block to finish; sequences of at most 256 keys whole) and the single pass give the same
+    result; lengths around 512-key edges."""
     gen = checks.generator("cuda", seed)
     pg = Paged(gen, [1, 511, 512, 513, 1536, 3000, 4097], n_heads, n_kv, d)
     poison_workspace(pg)
@@ -367,10 +368,11 @@ def test_partition_rule(batch, max_context, n_heads, n_kv):
 @pytest.mark.parametrize("max_context", [288, 512, 2048])
 def test_batch_of_one_chooses_small_partitions(seed, max_context):
     """A decode step of one sequence (the chat case): the kernel chooses its own partitions
-    (64 keys on a GPU of 132 SMs) from max_context; contexts shorter than max_context, at it,
-    and at a partition boundary; the result matches SDPA and the single pass."""
+    (64 keys on a GPU of 132 SMs) from max_context, and takes a context of at most 256 keys
+    whole; contexts shorter than max_context, at it, at a partition boundary and at 256 / 257;
+    the result matches SDPA and the single pass."""
     gen = checks.generator("cuda", seed)
-    for n in sorted({1, 64, 100, 288, max_context - 1, max_context}):
+    for n in sorted({1, 64, 100, 256, 257, 288, max_context - 1, max_context}):
         if n > max_context:
             continue
         pg = Paged(gen, [n], 32, 8, 64, extra_columns=max_context // 16 + 1)
