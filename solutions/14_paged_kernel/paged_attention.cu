@@ -37,7 +37,13 @@
 // and count come from batch, heads and max_context (the engine's max_model_len), not from the
 // lengths on the device, so the grid is the same at every step and a CUDA graph can capture
 // it: the blocks of partitions past a sequence's length exit at once, take no ticket, and the
-// merge reads only the partitions that hold keys.
+// merge reads only the partitions that hold keys. A sequence of at most kWholeKeys keys is one
+// partition: nothing to merge.
+//
+// The new token (optional, p.k_new): a decode step may hand this kernel the step's k and v
+// rows before RoPE and the cache write, and q not rotated; the kernel rotates q in registers,
+// and the warp whose keys include the new one rotates it and stores it and v in the cache
+// before reading them back: stage 13's rope_cache_write then need not run before it.
 //
 // A context length of 0 is a padding row: zeros. A length past max_keys (the block table's
 // capacity, or max_context) or a block number outside the pool is never read: that row is NaN
@@ -294,7 +300,8 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
       sum = fmaf(s_acc[(r * units + u) * 4 + e % 4], w, sum);
       total = fmaf(s_l[r * units + u], w, total);
     }
-    p.out[(static_cast<int64_t>(b) * p.n_heads + h0 + head) * d + e] = __float2bfloat16_rn(sum / total);
+    const int64_t at = (static_cast<int64_t>(b) * p.n_heads + h0 + head) * d + e;
+    p.out[at] = __float2bfloat16_rn(sum / total);
   }
   // END SOLUTION
 }
@@ -362,9 +369,10 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4], const float
 // at most 8 (row g) and 2 above (rows g and g + 8).
 template <int kD, int kR>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
-  // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length
-  // and the block table are step inputs that no kernel writes: they are read before the wait
-  // below, behind the cache write; the caches and q (rope's) only after it.
+  // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
+  // the block table and the position are step inputs that no kernel writes: they are read
+  // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
+  // kernel writes the new token); the caches, q and the new k, v only after it.
   allow_next_kernel_to_start();
   constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
@@ -443,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
              p.cos_sin + (bad_pos ? 0 : pos * kD) + threadIdx.x * 4, !bad_pos);
     copies_commit();
   }
-  wait_for_previous_kernel();  // the cache write has finished: its row, and q, can be read
+  wait_for_previous_kernel();  // the kernel before has finished: q, k, v and the cache rows
 
   if (fill) {
     __nv_bfloat16* row = p.out + (static_cast<int64_t>(b) * p.n_heads + h0) * d;
@@ -754,11 +762,11 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k_cache),
                  static_cast<__nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
                  workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
-                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
-                 block_size, shift, max_blocks, max_keys, partitions, partition_keys,
-                 exact_partitions ? 0 : kWholeKeys, scale * kLog2e, static_cast<const __nv_bfloat16*>(k_new),
-                 static_cast<const __nv_bfloat16*>(v_new), new_stride, positions, cos_sin,
-                 max_positions};
+                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)),
+                 num_blocks, block_size, shift, max_blocks, max_keys, partitions,
+                 partition_keys, exact_partitions ? 0 : kWholeKeys, scale * kLog2e,
+                 static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
+                 new_stride, positions, cos_sin, max_positions};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,
   // its dims past head_dim zeros
   const auto by_dim = head_dim == 64 ? launch_dim<64> : launch_dim<128>;

@@ -37,7 +37,13 @@
 // and count come from batch, heads and max_context (the engine's max_model_len), not from the
 // lengths on the device, so the grid is the same at every step and a CUDA graph can capture
 // it: the blocks of partitions past a sequence's length exit at once, take no ticket, and the
-// merge reads only the partitions that hold keys.
+// merge reads only the partitions that hold keys. A sequence of at most kWholeKeys keys is one
+// partition: nothing to merge.
+//
+// The new token (optional, p.k_new): a decode step may hand this kernel the step's k and v
+// rows before RoPE and the cache write, and q not rotated; the kernel rotates q in registers,
+// and the warp whose keys include the new one rotates it and stores it and v in the cache
+// before reading them back: stage 13's rope_cache_write then need not run before it.
 //
 // A context length of 0 is a padding row: zeros. A length past max_keys (the block table's
 // capacity, or max_context) or a block number outside the pool is never read: that row is NaN
@@ -194,7 +200,7 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
     // TODO stage 14: m = -inf, l = 0, acc = 0; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: top = max(m, m_i); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; store the state to s_m, s_l, s_acc at x (about 29 lines)
   }
   __syncthreads();
-  // TODO stage 14: per (head, column e): M = max of s_m over the rows at its unit (row 0 holds partition 0: finite); out = sum_r s_acc[r, unit, e % 4] 2^(s_m - M) / sum_r s_l 2^(s_m - M) (about 12 lines)
+  // TODO stage 14: per (head, column e): M = max of s_m over the rows at its unit (row 0 holds partition 0: finite); out = sum_r s_acc[r, unit, e % 4] 2^(s_m - M) / sum_r s_l 2^(s_m - M) (about 13 lines)
 }
 
 // The new token's key and value, when the attention kernel writes them (p.k_new): lanes
@@ -260,9 +266,10 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4], const float
 // at most 8 (row g) and 2 above (rows g and g + 8).
 template <int kD, int kR>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
-  // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length
-  // and the block table are step inputs that no kernel writes: they are read before the wait
-  // below, behind the cache write; the caches and q (rope's) only after it.
+  // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
+  // the block table and the position are step inputs that no kernel writes: they are read
+  // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
+  // kernel writes the new token); the caches, q and the new k, v only after it.
   allow_next_kernel_to_start();
   constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
@@ -329,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
              p.cos_sin + (bad_pos ? 0 : pos * kD) + threadIdx.x * 4, !bad_pos);
     copies_commit();
   }
-  wait_for_previous_kernel();  // the cache write has finished: its row, and q, can be read
+  wait_for_previous_kernel();  // the kernel before has finished: q, k, v and the cache rows
 
   if (fill) {
     __nv_bfloat16* row = p.out + (static_cast<int64_t>(b) * p.n_heads + h0) * d;
@@ -549,11 +556,11 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
   const Params p{static_cast<const __nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k_cache),
                  static_cast<__nv_bfloat16*>(v_cache), static_cast<__nv_bfloat16*>(out),
                  workspace, part_ml, tickets, block_tables, context_lens, q_stride, n_heads,
-                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)), num_blocks,
-                 block_size, shift, max_blocks, max_keys, partitions, partition_keys,
-                 exact_partitions ? 0 : kWholeKeys, scale * kLog2e, static_cast<const __nv_bfloat16*>(k_new),
-                 static_cast<const __nv_bfloat16*>(v_new), new_stride, positions, cos_sin,
-                 max_positions};
+                 n_kv_heads, head_dim, group, static_cast<int>(tvllm_ceil_div(group, kRows)),
+                 num_blocks, block_size, shift, max_blocks, max_keys, partitions,
+                 partition_keys, exact_partitions ? 0 : kWholeKeys, scale * kLog2e,
+                 static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
+                 new_stride, positions, cos_sin, max_positions};
   // 64 has kernels compiled for its size; every other head_dim up to 128 runs the 128 ones,
   // its dims past head_dim zeros
   const auto by_dim = head_dim == 64 ? launch_dim<64> : launch_dim<128>;
