@@ -94,3 +94,12 @@ def test_refuses_tables_that_do_not_hold_the_context(seed):
         paged().paged_decode_attention_native(q, pk, pv, tables, ctx, 0.3, max_context=10)
     with pytest.raises(ValueError, match="paged attention"):
         paged().paged_decode_attention_native(q[:, :3], pk, pv, tables, ctx, 0.3)
+    # with the new token to store, a refused call stores nothing (the other sequence's included)
+    new_token = (torch.randn(2, 2, 8), torch.randn(2, 2, 8), ctx.long() - 1,
+                 torch.rand(64, 8))
+    before = pk.clone(), pv.clone()
+    with pytest.raises(ValueError, match="block table"):
+        paged().paged_decode_attention_native(q, pk, pv, bad, ctx, 0.3, new_token=new_token)
+    for cache, kept in zip((pk, pv), before):   # the pool's unused rows are NaN
+        torch.testing.assert_close(cache, kept, rtol=0, atol=0, equal_nan=True, msg=(
+            "a refused call must not have written the new token into the cache"))

@@ -114,9 +114,8 @@ class PagedAttention:
         self.prefill = ops.get("prefill_attention")
         try:
             self.decode = ops.get("paged_decode_attention")
-            self.decode_writes = True   # it takes the new token (stage 14's new_token)
         except KeyError:    # stage 14 not available yet
-            self.decode, self.decode_writes = _gathered_decode, False
+            self.decode = _gathered_decode
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  meta, scale: float, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -127,7 +126,8 @@ class PagedAttention:
         if cache is None:   # a step without a cache (a warm-up, stage 08's packed_inputs)
             self.rope(q, k, positions, cos_sin, check=False)
             return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
-        if meta.decode and self.decode_writes and q.shape[-1] in (64, 128):
+        # stage 14 takes the new token itself (new_token=; its kernel at head_dim 64 or 128)
+        if meta.decode and self.decode is not _gathered_decode and q.shape[-1] in (64, 128):
             return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,
                                meta.context_lens, scale, max_context=cache.max_len,
                                new_token=(k, v, positions, cos_sin))

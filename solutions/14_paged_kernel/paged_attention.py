@@ -10,11 +10,13 @@ tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`
 On CUDA, small batches are split into partitions of keys computed by separate thread blocks
 and merged by the last of them to finish (flash-decoding's split-K, in one kernel):
 partitions of 512 keys, halved down to 64 while the grid is short of 2 blocks per SM (one
-sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 4096). The partition size and count come from the batch
-size, the heads and `max_context` (the engine's max_model_len; by default the block table's
-capacity, max_blocks * block_size), never from the lengths on the device, so a decode step is
-the same kernel launch at every step and can be captured in a CUDA graph. `partition_keys`
-says what a call would use.
+sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 4096). The partition
+size and count come from the batch size, the heads and `max_context` (the engine's
+max_model_len; by default the block table's capacity, max_blocks * block_size), never from the
+lengths on the device, so a decode step is the same kernel launch at every step and can be
+captured in a CUDA graph. `partition_keys` says what a call would use; inside it, the kernel
+reads a sequence of at most 256 keys whole (one partition, nothing to merge) unless the call
+forces its partition size.
 
 With `new_token=(k, v, positions, cos_sin)` the step's new tokens are not in the cache yet and
 q is not rotated: the kernel rotates q (stage 05's RoPE, in registers), and stores each
@@ -50,15 +52,15 @@ NewToken = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def write_new_token_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           tables: list[list[int]], lens: list[int],
                            new_token: NewToken) -> torch.Tensor:
     """What the kernel does first with `new_token`: stage 13's rope_cache_write on copies of
-    q and k, each sequence's slot that of its key context_lens[b] - 1 (none for a padding row).
-    Returns the rotated q."""
+    q and k, each sequence's slot that of its key lens[b] - 1 (none for a padding row), by its
+    block table. Returns the rotated q."""
     k, v, positions, cos_sin = new_token
     block_size = k_cache.shape[1]
     slots = [-1 if n == 0 else row[(n - 1) // block_size] * block_size + (n - 1) % block_size
-             for row, n in zip(block_tables.tolist(), context_lens.tolist())]
+             for row, n in zip(tables, lens)]
     q = q.clone()
     parts.load("13", "cache_write").rope_cache_write_native(
         q, k.clone(), v, positions, cos_sin, k_cache, v_cache,
@@ -83,26 +85,28 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     new_token: see the top (write_new_token_native).
     """
     _check(q, k_cache, v_cache, block_tables, context_lens)
-    if new_token is not None:
-        q = write_new_token_native(q, k_cache, v_cache, block_tables, context_lens, new_token)
-    if max_context is not None and any(n > max_context for n in context_lens.tolist()):
-        raise ValueError(f"paged attention: a context length in {context_lens.tolist()} exceeds "
+    tables, lens = block_tables.tolist(), context_lens.tolist()
+    if max_context is not None and any(n > max_context for n in lens):
+        raise ValueError(f"paged attention: a context length in {lens} exceeds "
                          f"max_context = {max_context}")
     batch, n_heads, head_dim = q.shape
     num_blocks, block_size, n_kv, _ = k_cache.shape
+    # every row checked before the new token is stored: bad input changes no cache
+    for b, n in enumerate(lens):
+        blocks = tables[b][: -(-n // block_size)]
+        if not all(0 <= x < num_blocks for x in blocks) or n > len(tables[b]) * block_size:
+            raise ValueError(f"paged attention: sequence {b} needs {n} keys but its block table "
+                             f"{tables[b]} does not hold them (blocks 0..{num_blocks - 1})")
+    if new_token is not None:
+        q = write_new_token_native(q, k_cache, v_cache, tables, lens, new_token)
     group = n_heads // n_kv
     result = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-    tables, lens = block_tables.tolist(), context_lens.tolist()
     for b in range(batch):
         n = lens[b]
         if n == 0:
             result[b] = 0
             continue
-        blocks = tables[b][: -(-n // block_size)]
-        if not all(0 <= x < num_blocks for x in blocks) or n > len(tables[b]) * block_size:
-            raise ValueError(f"paged attention: sequence {b} needs {n} keys but its block table "
-                             f"{tables[b]} does not hold them (blocks 0..{num_blocks - 1})")
-        index = torch.tensor(blocks, device=k_cache.device)
+        index = torch.tensor(tables[b][: -(-n // block_size)], device=k_cache.device)
         ks = k_cache.index_select(0, index).reshape(-1, n_kv, head_dim)[:n]   # [n, kv, d]
         vs = v_cache.index_select(0, index).reshape(-1, n_kv, head_dim)[:n]
         qs = q[b].float().reshape(n_kv, group, head_dim)                        # [kv, g, d]

@@ -76,8 +76,9 @@ int32_t* split_k_tickets(const at::Tensor& like, int64_t count) {
 // none: the new token is not in the cache yet and q not rotated; the kernel rotates q, and
 // writes each sequence's new key (rotated) and value at its key context_lens[b] - 1.
 void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
-                            const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t max_context,
-                            int64_t split, at::Tensor& out, int64_t partition,
+                            const at::Tensor& block_tables, const at::Tensor& context_lens,
+                            double scale, int64_t max_context, int64_t split, at::Tensor& out,
+                            int64_t partition,
                             const std::optional<at::Tensor>& k_new,
                             const std::optional<at::Tensor>& v_new,
                             const std::optional<at::Tensor>& positions,

@@ -608,6 +608,23 @@ def test_rejects_bad_input(seed):
         "multiple of 16": (q, k, v, tables, lens, 0.1, -1, -1, out, 24),
         "cannot go with split = 0": (q, k, v, tables, lens, 0.1, -1, 0, out, 64),
     }
+    # the new token (new_token=): k, v, positions and cos_sin, together, of the right shapes
+    kn = torch.zeros((2, 2, 64), dtype=q.dtype, device="cuda")
+    pos = torch.zeros(2, dtype=torch.int64, device="cuda")
+    cos_sin = torch.zeros((16, 64), dtype=torch.float32, device="cuda")
+    small = Paged(checks.generator("cuda", seed + 1), [3, 5], 4, 2, 32)
+    small_out = torch.empty(small.q.shape, dtype=q.dtype, device="cuda")
+    bad.update({
+        "come together, or none": (q, k, v, tables, lens, 0.1, -1, -1, out, 0, kn, kn, None,
+                                   None),
+        "k_new and v_new must be": (q, k, v, tables, lens, 0.1, -1, -1, out, 0, kn[:, :1],
+                                    kn[:, :1], pos, cos_sin),
+        "positions must be": (q, k, v, tables, lens, 0.1, -1, -1, out, 0, kn, kn, pos[:1],
+                              cos_sin),
+        "head_dim must be 64 or 128": (*small.args(), 0.1, -1, -1, small_out, 0,
+                                       kn[..., :32].contiguous(), kn[..., :32].contiguous(),
+                                       pos, cos_sin[:, :32].contiguous()),
+    })
     for needle, args in bad.items():
         with pytest.raises(RuntimeError) as info:
             kernel(*args)
