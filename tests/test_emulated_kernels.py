@@ -132,7 +132,10 @@ PAGED_CASES = {
     "fused-qkv": (2, 9, 3, 64, [40, 50], {"extra_stride": 2 * 3 * 64}),
     "new-token": (3, 32, 8, 64, [37, 1, 0], {"new": True}),
     "new-token-split": (2, 32, 8, 64, [300, 17], {"new": True, "partition_keys": 64}),
-    "new-token-d128-group-24": (1, 48, 2, 128, [50], {"new": True}),
+    # the new key in a step copied before the wait (written into the ring) or in a later one
+    # (stored, then copied back): 37 and 50 the first, 200 (64) and 100 (128) the second
+    "new-token-late-step": (2, 32, 8, 64, [200, 37], {"new": True}),
+    "new-token-d128-group-24": (2, 48, 2, 128, [50, 100], {"new": True}),
     "new-token-bad-position": (2, 32, 8, 64, [40, 50], {"new": True, "bad_position": 1}),
 }
 
@@ -225,8 +228,8 @@ def emu_partition_keys():
 
 
 def test_partition_rule_in_the_emulator(emu_partition_keys):
-    """paged_attention_partition_keys on the emulator's 4-SM device (2 blocks per SM: a grid
-    of 8) against the lesson's rule as stage 14's GPU test writes it: batch 1 and 2, groups of
+    """paged_attention_partition_keys on the emulator's 4-SM device (one block per SM: a grid
+    of 4) against the lesson's rule as stage 14's GPU test writes it: batch 1 and 2, groups of
     4, 12 (one block per KV head) and 24 (two), split decided / forced / refused."""
     import importlib.util
     from course import manifest

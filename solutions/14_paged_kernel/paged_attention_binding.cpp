@@ -162,7 +162,7 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
   rule_written(keys);
   const int64_t partitions = keys > 0 && max_keys > keys ? (max_keys + keys - 1) / keys : 1;
   TORCH_CHECK(partitions >= 1 && partitions <= 8192 && batch * partitions < (int64_t{1} << 31),
-              "split-K: at most 8192 partitions (of 512 keys: max_context up to 4M), got ",
+              "split-K: at most 8192 partitions (of 1024 keys: max_context up to 8M), got ",
               partitions, " partitions of ", keys, " keys");
   at::Tensor workspace;  // partial o (float) then (m, l) per (sequence, head, partition)
   int32_t* tickets = nullptr;

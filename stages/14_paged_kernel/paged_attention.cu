@@ -33,7 +33,7 @@
 // takes a ticket from its (sequence, KV head)'s counter, and the block that draws the last
 // ticket merges the partitions (merge_partitions) and resets the counter: no second kernel.
 // A sequence whose keys fit in one partition writes its rows directly. The partition size
-// (512 keys down to 64 when the grid would otherwise be small: paged_attention_partition_keys)
+// (1024 keys down to 64 when the grid would otherwise be small: paged_attention_partition_keys)
 // and count come from batch, heads and max_context (the engine's max_model_len), not from the
 // lengths on the device, so the grid is the same at every step and a CUDA graph can capture
 // it: the blocks of partitions past a sequence's length exit at once, take no ticket, and the
@@ -64,7 +64,7 @@
 namespace {
 
 constexpr int kMaxHeadDim = 128;
-constexpr int kPartition = 512;      // keys per split-K partition, at most (large grids)
+constexpr int kPartition = 1024;     // keys per split-K partition, at most (large grids)
 constexpr int kMinPartition = 64;    // ... at least: one step of 16 keys per warp
 constexpr int kWholeKeys = 256;      // split-K: a sequence this short is one partition (see keys)
 constexpr int kMaxPartitions = 8192; // bounds the workspace: 136 MB a sequence at 32 heads of 128
@@ -476,12 +476,13 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // choice. split: -1 decide, 0 never, 1 always. max_keys: the longest context the call allows
 // (the engine: max_model_len).
 //
-// The rule: the grid should have at least 2 blocks per SM. The single pass has `blocks`
-// (batch x KV heads x head chunks); when that is fewer, split into partitions of 512 keys,
-// and halve them (256, 128, 64) while the grid is still short of the target. Large grids keep
-// 512 (smaller partitions there only add partials to write and merge); on 132 SMs a batch of
-// one sequence (8 KV heads) gets 64-key partitions up to max_keys 4096 (64 partitions, 512
-// blocks), 512-key ones from 16385.
+// The rule: the grid should have at least one block per SM. The single pass has `blocks`
+// (batch x KV heads x head chunks); when that is fewer, split into partitions of 1024 keys,
+// and halve them (512, 256, 128, 64) while the grid is still short of the target. Large
+// partitions where they suffice: each one more is partials to write and, in the block that
+// merges, to read (the lesson's measurements). On 132 SMs a batch of one sequence (8 KV
+// heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256 blocks), 1024-key
+// ones from 16385.
 // What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
 // so that no test of the rule passes where it happens to expect the single pass.
 constexpr int kRuleNotWritten = -1;
@@ -496,7 +497,7 @@ int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64
   const int group = n_heads / n_kv_heads;
   const int64_t blocks = static_cast<int64_t>(batch) * n_kv_heads *
                          tvllm_ceil_div(group, kRows);  // the single pass's grid
-  const int64_t target = 2 * static_cast<int64_t>(sms);
+  const int64_t target = sms;
   // TODO stage 14: decide (split < 0): the single pass (0) when blocks >= target; else keys = kPartition, halved while keys > kMinPartition and blocks * ceil(max_keys / keys) < target; 0 when that is one partition (or more than kMaxPartitions when deciding) (about 6 lines)
   return kRuleNotWritten;
 }

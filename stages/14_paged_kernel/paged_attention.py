@@ -12,8 +12,8 @@ tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`
 
 On CUDA, small batches are split into partitions of keys computed by separate thread blocks
 and merged by the last of them to finish (flash-decoding's split-K, in one kernel):
-partitions of 512 keys, halved down to 64 while the grid is short of 2 blocks per SM (one
-sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 4096). The partition
+partitions of 1024 keys, halved down to 64 while the grid is short of one block per SM (one
+sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 2048). The partition
 size and count come from the batch size, the heads and `max_context` (the engine's
 max_model_len; by default the block table's capacity, max_blocks * block_size), never from the
 lengths on the device, so a decode step is the same kernel launch at every step and can be
@@ -161,7 +161,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def partition_keys(batch: int, n_heads: int, n_kv_heads: int, max_context: int,
                    split: bool | None = None) -> int:
     """Split-K's partition size on the current CUDA device for a call of these sizes: keys per
-    partition (512, 256, 128 or 64), or 0 for the single pass. max_context: the longest
+    partition (1024, 512, 256, 128 or 64), or 0 for the single pass. max_context: the longest
     context the call allows, min(max_context, max_blocks * block_size) of
     `paged_decode_attention`. Its partition count is then ceil(max_context / keys)."""
     return int(parts.kernels().paged_attention_partition_keys(

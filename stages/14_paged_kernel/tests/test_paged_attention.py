@@ -26,7 +26,7 @@ from course.testing import checks
 # plain multi-head (1), and groups 1 and 4 at head_dim 128.
 HEADS = [(32, 8, 64), (9, 3, 64), (32, 4, 64), (4, 4, 128), (16, 4, 128)]
 LENGTHS = [1, 15, 16, 17, 1000, 4097]
-PARTITION = 512  # keys per split-K partition in paged_attention.cu, at most
+PARTITION = 1024  # keys per split-K partition in paged_attention.cu, at most
 MIN_PARTITION = 64  # ... and at least
 ROWS = 16  # query heads per block: the rows of an mma (a larger group takes several blocks)
 
@@ -233,11 +233,11 @@ def poison_workspace(pg: Paged, max_context: int | None = None, split: bool | No
 def expected_partition_keys(batch: int, n_heads: int, n_kv: int, max_keys: int, sms: int,
                             split: bool | None = None) -> int:
     """The lesson's rule: keys per split-K partition, 0 for the single pass. The single pass
-    has batch x n_kv x ceil(group / 16) blocks; below 2 per SM, split into partitions of 512
-    keys, halved (down to 64) while the grid is still short of 2 blocks per SM."""
+    has batch x n_kv x ceil(group / 16) blocks; below one per SM, split into partitions of
+    1024 keys, halved (down to 64) while the grid is still short of one block per SM."""
     group = n_heads // n_kv
     blocks = batch * n_kv * -(-group // ROWS)
-    target = 2 * sms
+    target = sms
     if split is False or max_keys <= MIN_PARTITION or (split is None and blocks >= target):
         return 0
     keys = PARTITION
@@ -284,11 +284,11 @@ def test_batch_of_256(seed):
 @pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (12, 4, 128), (16, 2, 64)],
                          ids=lambda v: str(v))
 def test_split_on_and_off_agree(seed, n_heads, n_kv, d):
-    """Split-K (partitions of the kernel's size: 512, 256 or 128 keys here, merged by the last
-    block to finish; sequences of at most 256 keys whole) and the single pass give the same
-    result; lengths around 512-key edges."""
+    """Split-K (partitions of the kernel's size: 1024, 512 or 256 keys here, merged by the
+    last block to finish; sequences of at most 256 keys whole) and the single pass give the
+    same result; lengths around 512- and 1024-key edges."""
     gen = checks.generator("cuda", seed)
-    pg = Paged(gen, [1, 511, 512, 513, 1536, 3000, 4097], n_heads, n_kv, d)
+    pg = Paged(gen, [1, 511, 512, 513, 1025, 1536, 3000, 4097], n_heads, n_kv, d)
     poison_workspace(pg)
     split = run_and_check(pg, d ** -0.5, "split-K", split=True)
     single = run_and_check(pg, d ** -0.5, "single pass", split=False)
@@ -332,7 +332,7 @@ def test_small_partitions(seed, partition, n_heads, n_kv, d):
                         hint=f"with partitions of {partition} keys, partition i holds keys "
                              f"[i * {partition}, min(len, (i + 1) * {partition})), and the "
                              "merge takes ceil(len / partition_keys) of them: use "
-                             "`keys` (here the call's p.partition_keys), not the constant 512")
+                             "`keys` (here the call's p.partition_keys), not the constant kPartition")
     padding = [0, 12]
     checks.assert_equal(split[padding], torch.zeros_like(split[padding]),
                         what=f"padding rows ({what})")
@@ -344,8 +344,8 @@ def test_small_partitions(seed, partition, n_heads, n_kv, d):
                                                (256, 512)])
 @pytest.mark.parametrize("n_heads,n_kv", [(32, 8), (24, 2), (48, 2)], ids=lambda v: str(v))
 def test_partition_rule(batch, max_context, n_heads, n_kv):
-    """The partition size follows the lesson's rule on this GPU: the single pass from 2
-    blocks per SM; below, 512 keys halved while the grid has fewer than 2 blocks per SM, never
+    """The partition size follows the lesson's rule on this GPU: the single pass from one
+    block per SM; below, 1024 keys halved while the grid has fewer than one block per SM, never
     below 64. A split=True call uses the same sizes. Heads: Llama-3.2-1B's (group 4), and
     groups of 12 (one block per KV head) and 24 (two blocks: 16 query heads a block)."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -359,9 +359,9 @@ def test_partition_rule(batch, max_context, n_heads, n_kv):
             f"split={split}, {sms} SMs: paged_attention_partition_keys gave {got}, the rule "
             f"{expected} (0 = the single pass). The single pass has {blocks} blocks (batch x KV "
             "heads x ceil(group / 16)). The rule: "
-            "split=False: 0; deciding (split=None) with blocks >= 2 x SMs: 0; otherwise start "
-            "at 512 keys and halve while keys > 64 and blocks x ceil(max_context / keys) < 2 x "
-            "SMs; one partition holding every key is the single pass: 0")
+            "split=False: 0; deciding (split=None) with blocks >= SMs: 0; otherwise start at "
+            "1024 keys and halve while keys > 64 and blocks x ceil(max_context / keys) < SMs; "
+            "one partition holding every key is the single pass: 0")
 
 
 @pytest.mark.gpu
