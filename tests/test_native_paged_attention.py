@@ -103,3 +103,34 @@ def test_refuses_tables_that_do_not_hold_the_context(seed):
     for cache, kept in zip((pk, pv), before):   # the pool's unused rows are NaN
         torch.testing.assert_close(cache, kept, rtol=0, atol=0, equal_nan=True, msg=(
             "a refused call must not have written the new token into the cache"))
+
+
+def test_new_token_is_rotated_and_stored_at_its_key(seed):
+    """new_token on the CPU (write_new_token, which the CUDA op also runs at head_dims its
+    kernel does not rotate): sequence b's new key, rotated by stage 05's RoPE at positions[b],
+    and its value land in the row of key len - 1 that its block table names; a padding row
+    stores nothing; q, k and v are not changed; the output is the twin's over those caches
+    with q rotated."""
+    lens, d = [4, 0, 9], 8
+    (q, k, v, slots), (pk, pv, tables), ctx = both_layouts(lens, 4, 2, d, 4, torch.float32, seed)
+    gen = checks.generator("cpu", seed + 1)
+    k_new, v_new = (checks.randn((3, 2, d), torch.float32, gen=gen) for _ in range(2))
+    positions = torch.tensor([7, 0, 20])
+    cos_sin = parts.load("05", "rope_tables").cos_sin_cache(d, 10000.0, None, 64)
+    given = [t.clone() for t in (q, k_new, v_new)]
+    q_rot, k_rot = q.clone(), k_new.clone()
+    parts.load("05", "rope").apply_rope_native(q_rot, k_rot, positions, cos_sin)
+    want_k, want_v = pk.clone(), pv.clone()
+    for b, n in enumerate(lens):
+        if n:
+            block, row = tables[b, (n - 1) // 4], (n - 1) % 4
+            want_k[block, row], want_v[block, row] = k_rot[b], v_new[b]
+    want = paged().paged_decode_attention_native(q_rot, want_k, want_v, tables, ctx, 0.3)
+    got = paged().paged_decode_attention_native(q, pk, pv, tables, ctx, 0.3,
+                                                new_token=(k_new, v_new, positions, cos_sin))
+    for mine, theirs, what in ((pk, want_k, "k_cache"), (pv, want_v, "v_cache"),
+                               (got, want, "the output")):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True, msg=lambda m: (
+            f"{what} after new_token differs from RoPE'd k stored by hand at key len - 1: {m}"))
+    for t, before, name in zip((q, k_new, v_new), given, ("q", "k", "v")):
+        assert torch.equal(t, before), f"new_token: {name} itself must not change"

@@ -111,26 +111,27 @@ struct Params {
 };
 
 // The softmax state of one query head over some of its keys (base 2): m = max score, l = sum
-// 2^(s - m), o = sum 2^(s - m) v for 8 of its dims. The warps' states, and the partitions',
-// are merged with it.
+// 2^(s - m), o = sum 2^(s - m) v for N of its dims (8 for a warp's piece, 4 for a column of
+// the split-K merge). The warps' states, and the partitions', are merged with it.
+template <int N>
 struct Running {
-  float m, l, o[8];
+  float m, l, o[N];
 
   __device__ __forceinline__ void reset() {
     m = -INFINITY;
     l = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = 0.f;
+    for (int e = 0; e < N; ++e) o[e] = 0.f;
   }
 
   // Fold in the state of other keys of the same head.
-  __device__ __forceinline__ void merge(float m2, float l2, const float (&o2)[8]) {
+  __device__ __forceinline__ void merge(float m2, float l2, const float (&o2)[N]) {
     // BEGIN SOLUTION: both to the larger max, then add (a state with no key weighs 0)
     const float top = fmaxf(m, m2);
     const float ref = top == -INFINITY ? 0.f : top;
     const float wa = exp2f(m - ref), wb = exp2f(m2 - ref);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = fmaf(o[e], wa, o2[e] * wb);
+    for (int e = 0; e < N; ++e) o[e] = fmaf(o[e], wa, o2[e] * wb);
     l = fmaf(l, wa, l2 * wb);
     m = top;
     // END SOLUTION
@@ -238,10 +239,11 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
 // query heads h0 .. h0 + n_here - 1 of sequence b over the `used` partitions that hold keys
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 // Threads as [rows][units], a unit = one head's 4 columns: row r merges partitions r, r + rows,
-// ... into its own (m, l, acc) as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
-// kMergeLoads partitions' worth in one round of loads -- then one thread per column merges the
-// rows' states. The partials were written by other blocks of this launch: they are read from
-// L2 (__ldcg: this SM's L1 may hold nothing of them, but it must not serve them stale).
+// ... into its own Running<4> as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
+// kMergeLoads partitions' worth in one round of loads; partition i's state is (m_i, l_i,
+// l_i * (o_i / l_i)) -- then one thread per column merges the rows' states. The partials were
+// written by other blocks of this launch: they are read from L2 (__ldcg: this SM's L1 may
+// hold nothing of them, but it must not serve them stale).
 template <int kD>
 __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int used,
                                  float* smem) {
@@ -256,9 +258,9 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
     const int64_t first = (static_cast<int64_t>(b) * p.n_heads + h0 + u / cols) * p.partitions;
     const float* ml = p.part_ml + first * 2;
     const float* o = p.part_o + first * d;
-    // BEGIN SOLUTION: m = -inf, l = 0, acc = 0; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: top = max(m, m_i); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; store the state to s_m, s_l, s_acc at x
-    float m = -INFINITY, l = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    // BEGIN SOLUTION: a Running<4> acc, reset; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: acc.merge(m_i, l_i, l_i * o_i) (the partial is o / l); store acc's m, l and o to s_m, s_l, s_acc at x
+    Running<4> acc;
+    acc.reset();
     for (int i0 = r; i0 < used; i0 += kMergeLoads * rows) {
       float m_i[kMergeLoads], l_i[kMergeLoads];
       float4 o_i[kMergeLoads];
@@ -274,18 +276,14 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
 #pragma unroll
       for (int k = 0; k < kMergeLoads; ++k) {
         if (i0 + k * rows >= used) break;
-        // m is -inf only before the first partition, whose weight 2^(m_i - m_i) is then 1
-        const float top = fmaxf(m, m_i[k]);
-        const float wa = exp2f(m - top), wb = l_i[k] * exp2f(m_i[k] - top);
-        acc = make_float4(fmaf(acc.x, wa, o_i[k].x * wb), fmaf(acc.y, wa, o_i[k].y * wb),
-                          fmaf(acc.z, wa, o_i[k].z * wb), fmaf(acc.w, wa, o_i[k].w * wb));
-        l = fmaf(l, wa, wb);
-        m = top;
+        const float sum[4] = {o_i[k].x * l_i[k], o_i[k].y * l_i[k], o_i[k].z * l_i[k],
+                              o_i[k].w * l_i[k]};
+        acc.merge(m_i[k], l_i[k], sum);
       }
     }
-    s_m[x] = m;
-    s_l[x] = l;
-    reinterpret_cast<float4*>(s_acc)[x] = acc;
+    s_m[x] = acc.m;
+    s_l[x] = acc.l;
+    reinterpret_cast<float4*>(s_acc)[x] = make_float4(acc.o[0], acc.o[1], acc.o[2], acc.o[3]);
     // END SOLUTION
   }
   __syncthreads();
@@ -595,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // partition's partial state (split-K).
   for (int x = threadIdx.x; x < n_here * pieces; x += blockDim.x) {
     const int h = x / pieces, cc = x % pieces;
-    Running acc;
+    Running<8> acc;
     acc.reset();
     for (int w = 0; w < kWarps; ++w) {
       const float4* src = reinterpret_cast<const float4*>(s_o + (w * kRows + h) * kD + cc * 8);

@@ -51,20 +51,26 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 NewToken = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def write_new_token_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           tables: list[list[int]], lens: list[int],
-                           new_token: NewToken) -> torch.Tensor:
-    """What the kernel does first with `new_token`: stage 13's rope_cache_write on copies of
-    q and k, each sequence's slot that of its key lens[b] - 1 (none for a padding row), by its
-    block table. Returns the rotated q."""
+def write_new_token(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    block_tables: torch.Tensor, context_lens: torch.Tensor,
+                    new_token: NewToken) -> torch.Tensor:
+    """What the kernel does first with `new_token`, as stage 13's rope_cache_write on copies of
+    q and k: each sequence's new key and value go to the slot of its key context_lens[b] - 1,
+    by its block table; a padding row, a length past the table, or a block outside the pool
+    stores nothing. The slots are computed on the device (no host read: CUDA-graph safe).
+    Returns the rotated q. The twin's first step; on CUDA, the path for a head_dim the kernel
+    does not rotate itself (not 64 or 128)."""
     k, v, positions, cos_sin = new_token
-    block_size = k_cache.shape[1]
-    slots = [-1 if n == 0 else row[(n - 1) // block_size] * block_size + (n - 1) % block_size
-             for row, n in zip(tables, lens)]
+    num_blocks, block_size = k_cache.shape[:2]
+    tables, lens = block_tables.long(), context_lens.long()
+    last = (lens - 1).clamp(min=0)
+    column = (last // block_size).clamp(max=tables.shape[1] - 1)
+    block = tables.gather(1, column.unsqueeze(1)).squeeze(1)
+    stored = (lens > 0) & (lens <= tables.shape[1] * block_size) & (block >= 0) & (block < num_blocks)
+    slots = torch.where(stored, block * block_size + last % block_size, -1)
     q = q.clone()
-    parts.load("13", "cache_write").rope_cache_write_native(
-        q, k.clone(), v, positions, cos_sin, k_cache, v_cache,
-        torch.tensor(slots, dtype=torch.int64, device=q.device))
+    parts.load("13", "cache_write").rope_cache_write(q, k.clone(), v, positions, cos_sin,
+                                                      k_cache, v_cache, slots)
     return q
 
 
@@ -82,7 +88,7 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     row, its output is zeros). Returns [batch, n_heads, head_dim], into `out` when given.
     max_context: no context may be longer (the kernel's contract); split and partition are the
     kernel's (accepted here so both take the same arguments: the math does not depend on them).
-    new_token: see the top (write_new_token_native).
+    new_token: see the top (write_new_token).
     """
     _check(q, k_cache, v_cache, block_tables, context_lens)
     tables, lens = block_tables.tolist(), context_lens.tolist()
@@ -98,7 +104,7 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
             raise ValueError(f"paged attention: sequence {b} needs {n} keys but its block table "
                              f"{tables[b]} does not hold them (blocks 0..{num_blocks - 1})")
     if new_token is not None:
-        q = write_new_token_native(q, k_cache, v_cache, tables, lens, new_token)
+        q = write_new_token(q, k_cache, v_cache, block_tables, context_lens, new_token)
     group = n_heads // n_kv
     result = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     for b in range(batch):
@@ -138,7 +144,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     new_token: (k, v, positions, cos_sin) of the step's new tokens, not yet in the cache, and q
     not rotated (see the top): k, v [batch, n_kv_heads, head_dim] bf16 (views of the QKV rows,
     one row stride), positions [batch] int64, cos_sin [max_positions, head_dim] float32 (stage
-    05's table); head_dim 64 or 128 on CUDA. A position outside the table gives a NaN row.
+    05's table). A position outside the table gives a NaN row. On CUDA the kernel rotates and
+    stores them itself at head_dim 64 and 128; at any other head_dim stage 13's rope_cache_write
+    runs first (write_new_token), then the kernel.
     The CUDA path never reads a device value on the host (it can be captured in a CUDA
     graph), so it cannot check values: a row whose length exceeds max_context or the block
     table, or whose blocks lie outside the pool, is NaN. Validate them on the host.
@@ -146,6 +154,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not q.is_cuda:
         return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
                                              scale, out, max_context, split, partition, new_token)
+    if new_token is not None and q.shape[-1] not in (64, 128):
+        q = write_new_token(q, k_cache, v_cache, block_tables, context_lens, new_token)
+        new_token = None
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     parts.kernels().paged_decode_attention(

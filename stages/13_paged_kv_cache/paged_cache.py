@@ -20,9 +20,9 @@ rows of a decode graph write their K/V there and their block tables point at it.
                                            rope and the store in one; the model hands the
                                            rotation over because `applies_rope` is true)
     every sequence has one new token    -> paged_decode_attention (stage 14) over the block
-                                           tables; with stage 14 at head_dim 64 or 128 it does
-                                           the rotation and the store itself (new_token=...),
-                                           and rope_cache_write does not run
+                                           tables; with stage 14 it does the rotation and
+                                           the store itself (new_token=...), and
+                                           rope_cache_write does not run here
     no sequence has cached tokens       -> prefill_attention over the new tokens
     otherwise (a prompt continued, a prefix-cache hit, a recompute after preemption)
                                         -> gather each sequence's keys (key_rows), prefill with
@@ -129,8 +129,8 @@ class PagedAttention:
         if cache is None:   # a step without a cache (a warm-up, stage 08's packed_inputs)
             self.rope(q, k, positions, cos_sin, check=False)
             return self.prefill(q, k, v, meta.cu_seqlens_q, scale, max_seqlen_q=meta.max_seqlen_q)
-        # stage 14 takes the new token itself (new_token=; its kernel at head_dim 64 or 128)
-        if meta.decode and self.decode is not _gathered_decode and q.shape[-1] in (64, 128):
+        # stage 14 takes the new token itself (new_token=): no separate rope_cache_write
+        if meta.decode and self.decode is not _gathered_decode:
             return self.decode(q, cache.k[layer], cache.v[layer], meta.block_tables,
                                meta.context_lens, scale, max_context=cache.max_len,
                                new_token=(k, v, positions, cos_sin))

@@ -111,20 +111,21 @@ struct Params {
 };
 
 // The softmax state of one query head over some of its keys (base 2): m = max score, l = sum
-// 2^(s - m), o = sum 2^(s - m) v for 8 of its dims. The warps' states, and the partitions',
-// are merged with it.
+// 2^(s - m), o = sum 2^(s - m) v for N of its dims (8 for a warp's piece, 4 for a column of
+// the split-K merge). The warps' states, and the partitions', are merged with it.
+template <int N>
 struct Running {
-  float m, l, o[8];
+  float m, l, o[N];
 
   __device__ __forceinline__ void reset() {
     m = -INFINITY;
     l = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = 0.f;
+    for (int e = 0; e < N; ++e) o[e] = 0.f;
   }
 
   // Fold in the state of other keys of the same head.
-  __device__ __forceinline__ void merge(float m2, float l2, const float (&o2)[8]) {
+  __device__ __forceinline__ void merge(float m2, float l2, const float (&o2)[N]) {
     // TODO stage 14: both to the larger max, then add (a state with no key weighs 0) (about 7 lines)
   }
 };
@@ -179,10 +180,11 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
 // query heads h0 .. h0 + n_here - 1 of sequence b over the `used` partitions that hold keys
 //     M = max_i m_i,  w_i = l_i * 2^(m_i - M),  out = sum_i w_i (o_i / l_i) / sum_i w_i
 // Threads as [rows][units], a unit = one head's 4 columns: row r merges partitions r, r + rows,
-// ... into its own (m, l, acc) as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
-// kMergeLoads partitions' worth in one round of loads -- then one thread per column merges the
-// rows' states. The partials were written by other blocks of this launch: they are read from
-// L2 (__ldcg: this SM's L1 may hold nothing of them, but it must not serve them stale).
+// ... into its own Running<4> as it loads them -- m_i, l_i and 4 columns of o_i / l_i,
+// kMergeLoads partitions' worth in one round of loads; partition i's state is (m_i, l_i,
+// l_i * (o_i / l_i)) -- then one thread per column merges the rows' states. The partials were
+// written by other blocks of this launch: they are read from L2 (__ldcg: this SM's L1 may
+// hold nothing of them, but it must not serve them stale).
 template <int kD>
 __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int used,
                                  float* smem) {
@@ -197,7 +199,7 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
     const int64_t first = (static_cast<int64_t>(b) * p.n_heads + h0 + u / cols) * p.partitions;
     const float* ml = p.part_ml + first * 2;
     const float* o = p.part_o + first * d;
-    // TODO stage 14: m = -inf, l = 0, acc = 0; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: top = max(m, m_i); acc = acc 2^(m - top) + o_i l_i 2^(m_i - top), l likewise; m = top; store the state to s_m, s_l, s_acc at x (about 29 lines)
+    // TODO stage 14: a Running<4> acc, reset; per round, load m_i, l_i and o_i[4 c4 ..] (one float4) of partitions i = i0 + k rows < used, k < kMergeLoads, then fold each in: acc.merge(m_i, l_i, l_i * o_i) (the partial is o / l); store acc's m, l and o to s_m, s_l, s_acc at x (about 25 lines)
   }
   __syncthreads();
   // TODO stage 14: per (head, column e): M = max of s_m over the rows at its unit (row 0 holds partition 0: finite); out = sum_r s_acc[r, unit, e % 4] 2^(s_m - M) / sum_r s_l 2^(s_m - M) (about 13 lines)
@@ -428,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // partition's partial state (split-K).
   for (int x = threadIdx.x; x < n_here * pieces; x += blockDim.x) {
     const int h = x / pieces, cc = x % pieces;
-    Running acc;
+    Running<8> acc;
     acc.reset();
     for (int w = 0; w < kWarps; ++w) {
       const float4* src = reinterpret_cast<const float4*>(s_o + (w * kRows + h) * kD + cc * 8);

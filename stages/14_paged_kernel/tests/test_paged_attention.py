@@ -551,13 +551,14 @@ def test_captured_in_a_cuda_graph(seed, batch, split):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("split", [None, True, False], ids=["auto", "split", "single"])
-@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (9, 3, 64), (16, 4, 128), (48, 2, 64)],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("n_heads,n_kv,d", [(32, 8, 64), (9, 3, 64), (16, 4, 128), (48, 2, 64),
+                                             (12, 4, 96)], ids=lambda v: str(v))
 def test_the_new_token_written_by_the_kernel(seed, split, n_heads, n_kv, d):
     """new_token=(k, v, positions, cos_sin): the kernel rotates q and the new key (stage 05's
     RoPE with its roundings) and stores key and value at key len - 1 itself. The same caches
     and the same rows, bit for bit, as stage 13's rope_cache_write followed by the kernel
-    without new_token; q, k and v untouched; a padding row stores nothing."""
+    without new_token; q, k and v untouched; a padding row stores nothing. (head_dim 96: the
+    op runs rope_cache_write first, its slots found on the device, then the kernel.)"""
     gen = checks.generator("cuda", seed)
     lens = [1, 16, 17, 300, 0, 1000]
     pg = Paged(gen, lens, n_heads, n_kv, d, fused=True)
