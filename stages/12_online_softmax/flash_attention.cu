@@ -172,9 +172,11 @@ flash_attention_kernel(Params p) {
   bf16* vs = ks + 2 * Smem<kD, kM>::kTileK;   // V tiles: buffers 0 and 1
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int h = blockIdx.y, seq = blockIdx.z;
-  // The last tiles of a sequence see the most keys: start them first so they don't trail.
-  const int q0 = (gridDim.x - 1 - blockIdx.x) * kM;
+  // The grid runs x fastest: every (head, sequence) of the last tile row, which sees the most
+  // keys, starts before any block of the tile row before it (longest first), so the grid's
+  // last wave is made of the shortest blocks.
+  const int h = blockIdx.x, seq = blockIdx.y;
+  const int q0 = (gridDim.z - 1 - blockIdx.z) * kM;
   const int start = p.cu_seqlens_q[seq];
   const int len_q = p.cu_seqlens_q[seq + 1] - start;
   if (q0 >= len_q) return;  // this sequence is shorter than the longest one
@@ -240,8 +242,8 @@ flash_attention_kernel(Params p) {
 
 template <int kD, int kM>
 tvllm_status launch(const Params& p, int n_seqs, int max_seqlen, cudaStream_t stream) {
-  // TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (kM-query tile, head, sequence); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)
-  return "TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (kM-query tile, head, sequence); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)";
+  // TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (head, sequence, kM-query tile), grid in that order (the kernel reads blockIdx so); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)
+  return "TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (head, sequence, kM-query tile), grid in that order (the kernel reads blockIdx so); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)";
 }
 
 }  // namespace
@@ -263,7 +265,8 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
     return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
   if (head_dim != 64 && head_dim != 128)
     return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
-  if (n_heads > 65535 || n_seqs > 65535) return "at most 65535 heads and 65535 sequences";
+  if (n_seqs > 65535 || tvllm_ceil_div(max_seqlen, 64) > 65535)
+    return "at most 65535 sequences and 4194240 queries in one";
   const Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),
                  static_cast<const bf16*>(v), static_cast<bf16*>(out),
                  cu_seqlens_q, cu_seqlens_k, q_stride, k_stride, v_stride, n_heads, n_kv_heads,
