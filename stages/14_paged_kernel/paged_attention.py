@@ -69,7 +69,8 @@ def write_new_token(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     last = (lens - 1).clamp(min=0)
     column = (last // block_size).clamp(max=tables.shape[1] - 1)
     block = tables.gather(1, column.unsqueeze(1)).squeeze(1)
-    stored = (lens > 0) & (lens <= tables.shape[1] * block_size) & (block >= 0) & (block < num_blocks)
+    stored = ((lens > 0) & (lens <= tables.shape[1] * block_size)
+              & (block >= 0) & (block < num_blocks))
     slots = torch.where(stored, block * block_size + last % block_size, -1)
     q = q.clone()
     parts.load("13", "cache_write").rope_cache_write(q, k.clone(), v, positions, cos_sin,
