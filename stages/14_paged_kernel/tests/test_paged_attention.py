@@ -331,8 +331,8 @@ def test_small_partitions(seed, partition, n_heads, n_kv, d):
     checks.assert_close(split, single, what=f"{what} vs the single pass", dtype=torch.bfloat16,
                         hint=f"with partitions of {partition} keys, partition i holds keys "
                              f"[i * {partition}, min(len, (i + 1) * {partition})), and the "
-                             "merge takes ceil(len / partition_keys) of them: use "
-                             "`keys` (here the call's p.partition_keys), not the constant kPartition")
+                             "merge takes ceil(len / partition_keys) of them: use `keys` "
+                             "(here the call's p.partition_keys), not the constant kPartition")
     padding = [0, 12]
     checks.assert_equal(split[padding], torch.zeros_like(split[padding]),
                         what=f"padding rows ({what})")
