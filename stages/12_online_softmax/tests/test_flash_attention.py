@@ -371,6 +371,14 @@ def test_rejects_bad_input(seed):
         "16-byte aligned": (torch.zeros(q.numel() + 8, dtype=q.dtype, device="cuda")[4:4 + q.numel()]
                             .view(q.shape), k, v, cu_q, cu_q, 5, 0.1, out),
     }
+    # What the grid cannot hold (blockIdx.y: sequences; blockIdx.z: tile rows of a sequence).
+    one = torch.zeros((65536, 1, 64), dtype=q.dtype, device="cuda")
+    many = torch.arange(65537, dtype=torch.int32, device="cuda")
+    bad["65535 sequences"] = (one, one, one, many, many, 1, 0.1, torch.empty_like(one))
+    n = 65535 * 64 + 1
+    long = torch.zeros((n, 1, 64), dtype=q.dtype, device="cuda")
+    ends = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+    bad["4194240 queries"] = (long, long, long, ends, ends, n, 0.1, torch.empty_like(long))
     for needle, args in bad.items():
         with pytest.raises(RuntimeError) as info:
             kernel(*args)
