@@ -26,8 +26,8 @@ defines them):
             prompt), transformers in one padded batch.
   kernels   bench.kernels' table: every op beside torch's, GB/s or TFLOP/s, share of the
             measured copy bandwidth and of a copy of the same bytes.
-  profile   bench.profile at batch 1 and 256: each kernel's GPU time in one decode step, the
-            graph replay, a whole engine step, the floor.
+  profile   bench.profile at batch 1 and 256: each kernel's GPU time in one decode step, what
+            each adds to a graph replay, the replay, a whole engine step, the floor.
 
 transformers runs its fastest configuration that works (bench.hf): static cache + compile,
 else the dynamic cache; the output names which. Compile and CUDA-graph capture happen in

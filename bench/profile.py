@@ -9,6 +9,10 @@ Random bf16 weights with Llama-3.2-1B's shapes. For each batch size, B sequences
 
   kernels        one eager decode step under torch.profiler: GPU time per kernel name,
                  summed over the step's launches, largest first;
+  chain          one graph replay under torch.profiler: what each kernel adds to the
+                 step, its end minus the end of the kernel before (under PDL a kernel
+                 starts early and waits, so its own duration overstates it; these add up
+                 to the replay), per kernel name and place in the layer, largest first;
   graph replay   the captured decode graph alone, CUDA events around replay() (the step's
                  GPU time without launch overhead);
   engine step    whole engine steps (schedule, inputs, replay, logits, sampling, the copy
@@ -52,6 +56,46 @@ def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
         name = e.name[:70]
         us, n = rows.get(name, (0.0, 0))
         rows[name] = (us + e.device_time, n + 1)
+    out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
+    return out[:top]
+
+
+def replay_spans(replay) -> list[tuple[str, float, float]]:
+    """(kernel name, start us, end us) of every GPU kernel of one call of replay()."""
+    from torch.profiler import ProfilerActivity, profile
+    replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    return [(e.name[:70], e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type.name == "CUDA"]
+
+
+def chain_table(spans: list[tuple[str, float, float]], layers: int,
+                top: int = 12) -> list[tuple[str, float, int]]:
+    """(kernel, microseconds it adds to the step, launches), largest first.
+
+    A kernel adds its end minus the end of the kernel before (the first: its duration), so the
+    rows add up to the whole span. A name launched a multiple of `layers` times, k times a
+    layer, is told apart by its place in the layer ("[0]" .. "[k-1]": the decode GEMVs are
+    QKV, o_proj, gate_up, down in that order)."""
+    spans = sorted(spans, key=lambda s: s[2])
+    counts: dict[str, int] = {}
+    for name, _, _ in spans:
+        counts[name] = counts.get(name, 0) + 1
+    seen: dict[str, int] = {}
+    rows: dict[str, tuple[float, int]] = {}
+    prev_end = spans[0][1] if spans else 0.0
+    for name, _, end in spans:
+        per_layer = counts[name] // layers if counts[name] % layers == 0 else 0
+        label = name
+        if per_layer > 1:
+            label = f"{name} [{seen.get(name, 0) % per_layer}]"
+        seen[name] = seen.get(name, 0) + 1
+        us, n = rows.get(label, (0.0, 0))
+        rows[label] = (us + end - prev_end, n + 1)
+        prev_end = end
     out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
     return out[:top]
 
@@ -121,6 +165,13 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
         end.synchronize()
         replays.append(start.elapsed_time(end) * 1e3)
     torch.cuda.synchronize()
+    chain, chain_skipped = [], None if decoder.use_graphs else "eager decode: no graph"
+    if decoder.use_graphs:
+        try:    # a diagnostic: should the profiler fail on a replay, the rest still runs
+            chain = chain_table(replay_spans(decoder.graphs[size].replay),
+                                model.config.num_hidden_layers)
+        except RuntimeError as e:
+            chain_skipped = f"the profiler failed on a graph replay: {e}"
     host = host_breakdown(engine, 30)        # steady state: the host runs one step ahead
     step_us = host["step"]
     # The sequences hold context + ~30 cached tokens by now (prefill, the steps above).
@@ -130,7 +181,9 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
     return {"batch": batch, "context": context, "graph_replay_us": statistics.median(replays),
             "engine_step_us": step_us, "floor_us": floor,
             "host_us": {k: round(v, 1) for k, v in host.items()},
-            "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels]}
+            "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels],
+            "chain": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in chain],
+            "chain_skipped": chain_skipped}
 
 
 def main(argv: list[str] | None = None) -> int:

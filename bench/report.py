@@ -145,6 +145,12 @@ def profile_table(doc: dict, top: int = 8) -> str:
         out += ["| kernel (one eager step; launched early under PDL: its time counts the wait "
                 "for the kernel before) | GPU us | launches |", "|---|---:|---:|"]
         out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["kernels"][:top]]
+        if r.get("chain"):
+            out += ["", "| kernel (one graph replay: what it adds to the step, its end minus the "
+                    "end of the kernel before) | us | launches |", "|---|---:|---:|"]
+            out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["chain"][:top]]
+        elif r.get("chain_skipped"):
+            out.append(f"(No graph-replay chain: {r['chain_skipped']}.)")
     return "\n".join(out)
 
 

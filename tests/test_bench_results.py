@@ -46,6 +46,7 @@ def synthetic_document() -> dict:
     doc["profile"] = {"bandwidth": 4.28e12, "results": [
         {"batch": 1, "context": 512, "graph_replay_us": 1177.0, "engine_step_us": 1467.0,
          "floor_us": 594.0, "kernels": [{"name": "gemm", "us": 690.0, "launches": 65}],
+         "chain": [{"name": "gemv [2]", "us": 301.5, "launches": 16}],
          "host_us": {"launch": 180.0, "schedule": 40.0, "collect": 60.0, "step": 1467.0,
                      "wait_and_rest": 1187.0}}]}
     doc["elapsed_s"] = 300.0
@@ -119,7 +120,7 @@ def test_summary_prints_every_table():
     text = report.summary(synthetic_document())
     for piece in ("NVIDIA H200", "driver 580.159.04", "35,562", "2.50x", "1.250 ms",
                   "46% of floor", "not run: budget", "| 256 |", "MISSED", "rmsnorm",
-                  "747.0 TFLOP/s", "WRONG", "graph replay 1177 us",
+                  "747.0 TFLOP/s", "WRONG", "graph replay 1177 us", "| gemv [2] | 301.5 | 16 |",
                   "launch 180 us, schedule 40 us, collect 60 us, waiting for the GPU and the "
                   "rest 1187 us"):
         assert piece in text, f"{piece!r} missing from the summary:\n{text}"
