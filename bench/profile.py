@@ -30,6 +30,7 @@ import json
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -41,35 +42,35 @@ from bench.timing import Timer, copy_bandwidth, report_no_cuda
 from grader import arguments
 
 
-def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
-    """(kernel name, GPU microseconds, launches) of one call of step(), largest first."""
+def gpu_kernels(fn) -> list:
+    """The GPU kernel events (torch.profiler's) of one call of fn(), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile
-    step()
+    fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
+        fn()
         torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
+    return [e for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def largest_first(rows: dict[str, tuple[float, int]], top: int) -> list[tuple[str, float, int]]:
+    """{name: (us, launches)} as (name, us, launches) rows, the most microseconds first."""
+    return sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])[:top]
+
+
+def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
+    """(kernel name, GPU microseconds, launches) of one call of step(), largest first."""
+    rows: dict[str, tuple[float, int]] = {}
+    for e in gpu_kernels(step):
         name = e.name[:70]
         us, n = rows.get(name, (0.0, 0))
         rows[name] = (us + e.device_time, n + 1)
-    out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
-    return out[:top]
+    return largest_first(rows, top)
 
 
 def replay_spans(replay) -> list[tuple[str, float, float]]:
     """(kernel name, start us, end us) of every GPU kernel of one call of replay()."""
-    from torch.profiler import ProfilerActivity, profile
-    replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    return [(e.name[:70], e.time_range.start, e.time_range.end) for e in prof.events()
-            if e.device_type.name == "CUDA"]
+    return [(e.name[:70], e.time_range.start, e.time_range.end) for e in gpu_kernels(replay)]
 
 
 def chain_table(spans: list[tuple[str, float, float]], layers: int,
@@ -81,23 +82,18 @@ def chain_table(spans: list[tuple[str, float, float]], layers: int,
     layer, is told apart by its place in the layer ("[0]" .. "[k-1]": the decode GEMVs are
     QKV, o_proj, gate_up, down in that order)."""
     spans = sorted(spans, key=lambda s: s[2])
-    counts: dict[str, int] = {}
-    for name, _, _ in spans:
-        counts[name] = counts.get(name, 0) + 1
-    seen: dict[str, int] = {}
+    counts = Counter(name for name, _, _ in spans)
+    seen: Counter[str] = Counter()
     rows: dict[str, tuple[float, int]] = {}
     prev_end = spans[0][1] if spans else 0.0
     for name, _, end in spans:
         per_layer = counts[name] // layers if counts[name] % layers == 0 else 0
-        label = name
-        if per_layer > 1:
-            label = f"{name} [{seen.get(name, 0) % per_layer}]"
-        seen[name] = seen.get(name, 0) + 1
+        label = f"{name} [{seen[name] % per_layer}]" if per_layer > 1 else name
+        seen[name] += 1
         us, n = rows.get(label, (0.0, 0))
         rows[label] = (us + end - prev_end, n + 1)
         prev_end = end
-    out = sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])
-    return out[:top]
+    return largest_first(rows, top)
 
 
 def host_breakdown(engine, steps: int) -> dict[str, float]:

@@ -132,6 +132,10 @@ def profile_table(doc: dict, top: int = 8) -> str:
     p = doc.get("profile")
     if not p:
         return ""
+    def kernel_rows(title: str, us: str, rows: list[dict]) -> list[str]:
+        return ([f"| kernel ({title}) | {us} | launches |", "|---|---:|---:|"]
+                + [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in rows[:top]])
+
     out = []
     for r in p["results"]:
         replay, floor = r["graph_replay_us"], r["floor_us"]
@@ -142,13 +146,11 @@ def profile_table(doc: dict, top: int = 8) -> str:
         if r.get("host_us"):
             out.append(host_line(r["host_us"]))
         # Under PDL a kernel starts before the one before it ends: its time includes that wait.
-        out += ["| kernel (one eager step; launched early under PDL: its time counts the wait "
-                "for the kernel before) | GPU us | launches |", "|---|---:|---:|"]
-        out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["kernels"][:top]]
+        out += kernel_rows("one eager step; launched early under PDL: its time counts the wait "
+                           "for the kernel before", "GPU us", r["kernels"])
         if r.get("chain"):
-            out += ["", "| kernel (one graph replay: what it adds to the step, its end minus the "
-                    "end of the kernel before) | us | launches |", "|---|---:|---:|"]
-            out += [f"| {k['name']} | {k['us']:.1f} | {k['launches']} |" for k in r["chain"][:top]]
+            out += [""] + kernel_rows("one graph replay: what it adds to the step, its end minus "
+                                      "the end of the kernel before", "us", r["chain"])
         elif r.get("chain_skipped"):
             out.append(f"(No graph-replay chain: {r['chain_skipped']}.)")
     return "\n".join(out)
