@@ -107,14 +107,19 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
                                           int len) {
   constexpr int kPitch = kRowPitch<kD>;
   constexpr int kChunks = kD / 8;  // 16-byte pieces per row
-  static_assert(kRows * kChunks % kThreads == 0, "every thread loads the same number of pieces");
+  static_assert(kRows * kChunks % kThreads == 0 && kThreads % kChunks == 0,
+                "every thread loads the same number of pieces, of the same columns");
+  // Thread x copies piece x % kChunks of rows x / kChunks, + kRowStep, ...: one 64-bit multiply
+  // per call, then a pointer step per piece (the loop's address arithmetic is per tile).
+  constexpr int kRowStep = kThreads / kChunks;
+  const int r0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const int64_t step = static_cast<int64_t>(kRowStep) * stride;
+  const bf16* from = src + static_cast<int64_t>(row0 + r0) * stride + col;
 #pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i, from += step) {
+    const int r = r0 + i * kRowStep;
     const bool valid = row0 + r < len;
-    const bf16* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + col : src;
-    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), from, valid);
+    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), valid ? from : src, valid);
   }
 }
 
