@@ -118,13 +118,14 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the CUDA path never waits for the GPU (the caller validated the offsets, as the engine
     does once per step); left out, the offsets are read and validated on the host first.
     head_dim: the kernel is built for 64 and 128; on CUDA any other size (a multiple of 8 up
-    to 128) falls back to stage 07's kernel, `parts.load("07", "attention").prefill_attention`.
+    to 128) falls back to stage 07's kernel, `parts.load("07", "attention").prefill_attention`,
+    and so does a scale that is not positive (the kernel's softmax needs scale > 0).
     Returns [Tq, n_heads, head_dim] bf16.
     """
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if not q.is_cuda:
         return flash_attention_native(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k)
-    if q.dim() == 3 and q.shape[2] not in KERNEL_HEAD_DIMS:
+    if q.dim() == 3 and q.shape[2] not in KERNEL_HEAD_DIMS or not scale > 0:
         return _stage07().prefill_attention(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k,
                                             max_seqlen_q=max_seqlen_q)
     if max_seqlen_q is None:

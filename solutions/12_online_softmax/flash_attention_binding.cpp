@@ -36,7 +36,8 @@ void flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               ") must be a multiple of n_kv_heads (", k.size(1), ")");
   TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
   TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "out must be 16-byte aligned");
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "scale must be positive and finite, got ", scale,
+              " (prefill_attention in flash_attention.py sends other scales to stage 07)");
   TORCH_CHECK(cu_seqlens_q.numel() >= 1 && cu_seqlens_k.numel() == cu_seqlens_q.numel(),
               "cu_seqlens_q and cu_seqlens_k must both be [n_seqs + 1], got ", cu_seqlens_q.numel(),
               " and ", cu_seqlens_k.numel(), " entries");

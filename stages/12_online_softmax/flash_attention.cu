@@ -35,7 +35,10 @@
 // neighbouring 8-key score tiles are, element for element, the A fragment of P for those 16
 // keys: P goes from the softmax to the second product without leaving registers.
 //
-// Softmax in base 2: exp(x) = exp2(x log2 e); the launcher folds log2 e into the scale.
+// Softmax in base 2: exp(x) = exp2(x log2 e); the launcher folds log2 e into the scale, and the
+// softmax applies it inside the exponent, p = exp2(s c - m c) with c = scale log2 e: one FFMA
+// per score instead of a multiply and a subtract (the max of raw scores is the max of scaled
+// ones because c > 0; prefill_attention sends a scale <= 0 to stage 07's kernel).
 // Reference: flash_attention.py (flash_attention_native, the same tiles in torch).
 // Run: nox -s grade -- 12
 #include <cuda_bf16.h>
@@ -68,7 +71,7 @@ struct Params {
   const int32_t* cu_seqlens_k;   // [n_seqs + 1]
   int64_t q_stride, k_stride, v_stride;  // elements from one token's row to the next
   int n_heads, n_kv_heads;
-  float scale_log2;              // scale * log2(e)
+  float scale_log2;              // scale * log2(e), positive
 };
 
 // Shared memory, bf16: the Q tile [kM][d + 8], then two K tiles and two V tiles [64][d + 8].
@@ -104,26 +107,31 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
                                           int len) {
   constexpr int kPitch = kRowPitch<kD>;
   constexpr int kChunks = kD / 8;  // 16-byte pieces per row
-  static_assert(kRows * kChunks % kThreads == 0, "every thread loads the same number of pieces");
+  static_assert(kRows * kChunks % kThreads == 0 && kThreads % kChunks == 0,
+                "every thread loads the same number of pieces, of the same columns");
+  // Thread x copies piece x % kChunks of rows x / kChunks, + kRowStep, ...: one 64-bit multiply
+  // per call, then a pointer step per piece (the loop's address arithmetic is per tile).
+  constexpr int kRowStep = kThreads / kChunks;
+  const int r0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  const int64_t step = static_cast<int64_t>(kRowStep) * stride;
+  const bf16* from = src + static_cast<int64_t>(row0 + r0) * stride + col;
 #pragma unroll
-  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    const int r = c / kChunks, col = (c % kChunks) * 8;
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i, from += step) {
+    const int r = r0 + i * kRowStep;
     const bool valid = row0 + r < len;
-    const bf16* from = valid ? src + static_cast<int64_t>(row0 + r) * stride + col : src;
-    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), from, valid);
+    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), valid ? from : src, valid);
   }
 }
 
 // ------------------------------------------------------------------- the student's parts
 
-// S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d + 8]),
-// times scale_log2. s[j] is the C fragment of keys 8j .. 8j + 7: this lane holds rows g and
+// S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d + 8]), not
+// yet scaled (online_softmax does that). s[j] is the C fragment of keys 8j .. 8j + 7: this lane holds rows g and
 // g + 8, keys 8j + 2t and 8j + 2t + 1. qf[kk] is the A fragment of Q's dims 16kk .. 16kk + 15.
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
-                                            int lane, float scale_log2, float (&s)[kNTiles][4]) {
-  // TODO stage 12: zero s; per 16 dims and per 16 keys one ldmatrix.x4 of K (two B fragments) and two mma; then scale (about 18 lines)
+                                            int lane, float (&s)[kNTiles][4]) {
+  // TODO stage 12: zero s; per 16 dims and per 16 keys one ldmatrix.x4 of K (two B fragments) and two mma (about 14 lines)
 }
 
 // May the query at key position `qpos` see key position `kpos`? Both count from the start of
@@ -140,17 +148,18 @@ __device__ __forceinline__ void mask_scores(float (&s)[kNTiles][4], int qpos, in
   // TODO stage 12: per element: its row (g or g + 8) and key (8j + 2t or + 1); -inf where not visible (about 6 lines)
 }
 
-// The online softmax: fold one tile of scores (scaled, masked) into the running state of this
-// lane's two rows, r = 0 for row g, r = 1 for row g + 8:
-//   m[r]  the row's running max (the same in the row's 4 lanes),
+// The online softmax: fold one tile of scores (masked, not scaled) into the running state of
+// this lane's two rows, r = 0 for row g, r = 1 for row g + 8; c = scale_log2 (positive):
+//   m[r]  the row's running max of the raw scores (the same in the row's 4 lanes),
 //   l[r]  this lane's share of the running sum (its 2 columns of each key tile; the 4 lanes
 //         of a row are added up once, at the end),
 //   o     the unnormalised output, C fragments of dims 8i .. 8i + 7 (o[i][2r], o[i][2r + 1]).
-// On return s holds p = exp2(s - m_new), ready to become P.
+// On return s holds p = exp2(s c - m_new c) (one FFMA and one exp2 each), ready to become P.
 template <int kD>
-__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float (&m)[2],
-                                               float (&l)[2], float (&o)[kD / 8][4]) {
-  // TODO stage 12: per row: the tile's max, reduced over the row's 4 lanes (shuffles 1 and 2); alpha = exp2(m_old - m_new); p = exp2(s - m_new); rescale l and o by alpha; l += sum p (about 26 lines)
+__device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float scale_log2,
+                                               float (&m)[2], float (&l)[2],
+                                               float (&o)[kD / 8][4]) {
+  // TODO stage 12: per row: the tile's max, reduced over the row's 4 lanes (shuffles 1 and 2); shift = m_new c; alpha = exp2(m_old c - shift); p = exp2(s c - shift) (fmaf); rescale l and o by alpha; l += sum p (about 26 lines)
 }
 
 // o += P V for one tile: P (16 x 64, in s as float) becomes bf16 A fragments, 16 keys at a
@@ -227,11 +236,11 @@ flash_attention_kernel(Params p) {
     // Warp-uniform: a tile wholly in the future of the warp's last row is skipped (causal).
     if (n0 <= first_pos + 15) {
       float s[kNTiles][4];
-      tile_scores<kD>(qf, ks + buf * Smem<kD, kM>::kTileK, lane, p.scale_log2, s);
+      tile_scores<kD>(qf, ks + buf * Smem<kD, kM>::kTileK, lane, s);
       // Only tiles that cross the diagonal of the warp's first row, or the end of the keys,
       // hold invisible keys.
       if (n0 + kBlockN - 1 > first_pos || n0 + kBlockN > len) mask_scores(s, qpos, n0, len, lane);
-      online_softmax<kD>(s, m, l, o);
+      online_softmax<kD>(s, p.scale_log2, m, l, o);
       accumulate_pv<kD>(s, vs + buf * Smem<kD, kM>::kTileK, lane, o);
     }
     __syncthreads();  // all warps are done with buffer `buf` before iteration j + 1 refills it
@@ -265,6 +274,8 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
     return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
   if (head_dim != 64 && head_dim != 128)
     return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
+  if (!(scale > 0.f))
+    return "scale must be positive (prefill_attention sends other scales to stage 07's kernel)";
   if (n_seqs > 65535 || tvllm_ceil_div(max_seqlen, 64) > 65535)
     return "at most 65535 sequences and 4194240 queries in one";
   const Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),

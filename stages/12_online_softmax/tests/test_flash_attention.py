@@ -154,8 +154,8 @@ def likely_cause(got, q, k, v, cu_q, cu_k, scale: float) -> str:
         (lambda: sdpa_oracle(q, k, v, cu_q, cu_k, scale, causal=False),
          "the causal mask is missing: query i may only see keys up to its own position"),
         (lambda: sdpa_oracle(q, k, v, cu_q, cu_k, 1.0),
-         "the scores must be multiplied by `scale` (the launcher passes scale * log2 e) before "
-         "the softmax"),
+         "the scale is missing: the exponent is s * scale_log2 - m * scale_log2 (the launcher "
+         "passes scale * log2 e; one fmaf per score)"),
     ]
     for wrong_fn, hint in mistakes:
         wrong = wrong_fn()
@@ -355,6 +355,16 @@ def test_other_head_dims_fall_back_to_stage07(seed, d):
 
 
 @pytest.mark.gpu
+def test_scales_not_positive_fall_back_to_stage07(seed):
+    """The kernel's softmax takes the scale into its exponent, which needs scale > 0 (then the
+    max of the raw scores is the max of the scaled ones); prefill_attention sends 0 and negative
+    scales to stage 07's kernel. A positive one first: it runs the kernel."""
+    q, k, v, cu_q, cu_k = make_inputs(checks.generator("cuda", seed), [100, 37], 4, 2, 64)
+    for scale in (0.125, -0.2, 0.0):
+        run_and_check(q, k, v, cu_q, cu_k, scale, f"scale {scale}")
+
+
+@pytest.mark.gpu
 def test_rejects_bad_input(seed):
     q, k, v, cu_q, cu_k = make_inputs(checks.generator("cuda", seed), [3, 5], 4, 2, 64)
     run_and_check(q, k, v, cu_q, cu_k, 0.125, "a valid call")
@@ -366,6 +376,7 @@ def test_rejects_bad_input(seed):
         "multiple of n_kv_heads": (q, k[:, :1].expand(8, 3, 64).contiguous(),
                                    v[:, :1].expand(8, 3, 64).contiguous(), cu_q, cu_q, 5, 0.1, out),
         "bfloat16": (q.float(), k, v, cu_q, cu_q, 5, 0.1, out),
+        "positive": (q, k, v, cu_q, cu_q, 5, -0.1, out),
         "cu_seqlens_q": (q, k, v, cu_q.long(), cu_q, 5, 0.1, out),
         "max_seqlen_q": (q, k, v, cu_q, cu_q, 9, 0.1, out),
         "16-byte aligned": (torch.zeros(q.numel() + 8, dtype=q.dtype, device="cuda")[4:4 + q.numel()]
