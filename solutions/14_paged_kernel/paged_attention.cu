@@ -152,7 +152,6 @@ struct Smem {
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
   static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
-  static constexpr int kRopeChunks = kD * 4 / 16;  // the new token's cos | sin row, 16-byte pieces
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -304,58 +303,58 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
   // END SOLUTION
 }
 
-// The new token's key and value, when the attention kernel writes them (p.k_new): lanes
-// 0 .. kD/16 - 1 rotate pieces (lane, lane + kD/16) of k, stage 05's pairs (x[i], x[i + kD/2])
-// for i in 8 lane .. 8 lane + 7, and store them at element `at` of k_cache; lanes 16 .. 16 +
-// kD/8 - 1 copy v's pieces to v_cache. at < 0: a block outside the pool, nothing is stored
-// (the kernel's fetch marks the row NaN). Needs head_dim == kD.
-template <int kD>
+// The new token's key and value, when the attention kernel writes them (p.k_new), at element
+// `at` of the caches (at < 0: a block outside the pool, nothing is stored; the kernel's fetch
+// marks the row NaN). The warp's lanes take stage 05's pairs (x[i], x[i + d/2]) of k, i = lane,
+// lane + 32, ..., and v's 16-byte pieces: any even head_dim d (a multiple of 8).
 __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_head, int lane,
-                                                bool bad_pos, const float* s_rope, int64_t at) {
-  constexpr int kHalf = kD / 2, kHalfPieces = kD / 16;
-  const int64_t row = static_cast<int64_t>(b) * p.new_stride + static_cast<int64_t>(kv_head) * kD;
-  if (lane < kHalfPieces) {
-    const int i = lane * 8;
-    BF8 lo = *reinterpret_cast<const BF8*>(p.k_new + row + i);
-    BF8 hi = *reinterpret_cast<const BF8*>(p.k_new + row + kHalf + i);
-    rotate(lo, hi, s_rope + i, s_rope + kHalf + i);
-    if (bad_pos) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) lo.v[e] = hi.v[e] = __float2bfloat16(NAN);
-    }
+                                                int d, bool bad_pos, const float* s_rope,
+                                                int64_t at) {
+  const int half = d / 2;
+  const int64_t row = static_cast<int64_t>(b) * p.new_stride + static_cast<int64_t>(kv_head) * d;
+  for (int i = lane; i < half; i += 32) {
+    float x1 = to_float(p.k_new[row + i]), x2 = to_float(p.k_new[row + half + i]);
+    rotate_pair(x1, x2, s_rope[i], s_rope[half + i]);
+    if (bad_pos) x1 = x2 = NAN;
     if (at >= 0) {
-      *reinterpret_cast<BF8*>(p.k + at + i) = lo;
-      *reinterpret_cast<BF8*>(p.k + at + kHalf + i) = hi;
+      p.k[at + i] = from_float<__nv_bfloat16>(x1);
+      p.k[at + half + i] = from_float<__nv_bfloat16>(x2);
     }
-  } else if (lane >= 16 && lane < 16 + kD / 8 && at >= 0) {
-    const int i = (lane - 16) * 8;
-    *reinterpret_cast<BF8*>(p.v + at + i) =
-        *reinterpret_cast<const BF8*>(p.v_new + row + i);
   }
+  for (int i = lane * 8; i < d && at >= 0; i += 32 * 8)
+    *reinterpret_cast<BF8*>(p.v + at + i) = *reinterpret_cast<const BF8*>(p.v_new + row + i);
 }
 
-// q as given, rotated in its A fragments (p.k_new): this lane's dims 16kk + 2t (+1, +8, +9)
-// for kk < kD/32 are first halves of stage 05's pairs, whose second halves are the same
-// places of fragment kk + kD/32. A position outside the table: NaN.
+// q as given, rotated in its A fragments (p.k_new): this lane's dims c = 16kk + 2t (+1, +8,
+// +9) of rows g and g + 8 (those that hold a head and lie within d); stage 05 pairs dim c with
+// c + d/2 (or c - d/2), which sits in another fragment, or another lane, so the partner's two
+// values are read again from q (where this lane read its own). A position outside the table:
+// NaN.
 template <int kD>
-__device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4], const float* s_rope, int t,
-                                         bool bad_pos) {
-  constexpr int kHalf = kD / 2;
+__device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
+                                         const __nv_bfloat16* q_rows, int n_here, int d,
+                                         const float* s_rope, int g, int t, bool bad_pos) {
+  const int half = d / 2;
 #pragma unroll
-  for (int kk = 0; kk < kD / 32; ++kk) {
+  for (int kk = 0; kk < kD / 16; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
+      const int row = g + (r % 2 ? 8 : 0), col = 16 * kk + 2 * t + (r >= 2 ? 8 : 0);
+      if (row >= n_here || col >= d) continue;  // zeros stay zeros
       if (bad_pos) {
-        qf[kk][r] = qf[kk + kD / 32][r] = 0x7fc07fc0u;  // two bf16 NaNs
+        qf[kk][r] = 0x7fc07fc0u;  // two bf16 NaNs
         continue;
       }
-      const int col = 16 * kk + 2 * t + (r >= 2 ? 8 : 0);
-      const float2 x1 = unpack_bf16(qf[kk][r]), x2 = unpack_bf16(qf[kk + kD / 32][r]);
-      float a1 = x1.x, b1 = x1.y, a2 = x2.x, b2 = x2.y;
-      rotate_pair(a1, a2, s_rope[col], s_rope[kHalf + col]);
-      rotate_pair(b1, b2, s_rope[col + 1], s_rope[kHalf + col + 1]);
-      qf[kk][r] = pack_bf16(a1, b1);
-      qf[kk + kD / 32][r] = pack_bf16(a2, b2);
+      const bool first = col < half;
+      const int i = first ? col : col - half;  // the pair's index: its angle
+      const float2 own = unpack_bf16(qf[kk][r]);
+      const float2 other = unpack_bf16(
+          *reinterpret_cast<const uint32_t*>(q_rows + row * d + (first ? col + half : i)));
+      float a1 = first ? own.x : other.x, a2 = first ? other.x : own.x;
+      float b1 = first ? own.y : other.y, b2 = first ? other.y : own.y;
+      rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
+      rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
+      qf[kk][r] = first ? pack_bf16(a1, b1) : pack_bf16(a2, b2);
     }
   }
 }
@@ -444,9 +443,9 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   if (rotates && !fill) {
     const int64_t pos = p.positions[b];
     bad_pos = pos < 0 || pos >= p.max_positions;
-    if (threadIdx.x < Smem<kD>::kRopeChunks)
+    if (threadIdx.x < d / 4)  // the row's d floats, 16 bytes a thread
       copy16(reinterpret_cast<uint4*>(s_rope) + threadIdx.x,
-             p.cos_sin + (bad_pos ? 0 : pos * kD) + threadIdx.x * 4, !bad_pos);
+             p.cos_sin + (bad_pos ? 0 : pos * d) + threadIdx.x * 4, !bad_pos);
     copies_commit();
   }
   wait_for_previous_kernel();  // the kernel before has finished: q, k, v and the cache rows
@@ -482,7 +481,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     const int last = len - 1;
     if (last >= k_begin && last < k_end && ((last - k_begin) / kStepKeys) % kWarps == warp) {
       const int blk_new = __ldg(table + (last >> p.block_shift));
-      write_new_token<kD>(p, b, kv_head, lane, bad_pos, s_rope,
+      write_new_token(p, b, kv_head, lane, d, bad_pos, s_rope,
                           static_cast<unsigned>(blk_new) < static_cast<unsigned>(p.num_blocks)
                               ? (static_cast<int64_t>(blk_new) * p.block_size +
                                  (last & (p.block_size - 1))) * key_stride + head_off
@@ -532,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     fetch(i, ahead[i]);
     copies_commit();
   }
-  if (rotates) rotate_q<kD>(qf, s_rope, t, bad_pos);  // after the copies: q's loads overlap them
+  if (rotates) rotate_q<kD>(qf, q_rows, n_here, d, s_rope, g, t, bad_pos);  // after the copies
   for (int i = 0; i < my_steps; ++i) {
     copies_wait<kStages - 2>();  // this lane's copies of step i have landed ...
     __syncwarp();                // ... and every lane's: ldmatrix reads them all
@@ -747,10 +746,9 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
     return "split-K needs a workspace, tickets and ceil(max_context / partition_keys) "
            "partitions, at most 8192";
   if (k_new != nullptr &&
-      (v_new == nullptr || positions == nullptr || cos_sin == nullptr || new_stride % 8 != 0 ||
-       (head_dim != 64 && head_dim != 128)))
+      (v_new == nullptr || positions == nullptr || cos_sin == nullptr || new_stride % 8 != 0))
     return "the new token's k, v, positions and cos/sin come together, rows a multiple of 8 "
-           "apart, at head_dim 64 or 128";
+           "apart";
   const int group = n_heads / n_kv_heads;
   if (static_cast<int64_t>(n_kv_heads) * tvllm_ceil_div(group, kRows) > 65535)
     return "too many KV heads: at most 65535 blocks per sequence";

@@ -58,8 +58,7 @@ def write_new_token(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     q and k: each sequence's new key and value go to the slot of its key context_lens[b] - 1,
     by its block table; a padding row, a length past the table, or a block outside the pool
     stores nothing. The slots are computed on the device (no host read: CUDA-graph safe).
-    Returns the rotated q. The twin's first step; on CUDA, the path for a head_dim the kernel
-    does not rotate itself (not 64 or 128)."""
+    Returns the rotated q. The twin's first step (on CUDA the kernel does it itself)."""
     k, v, positions, cos_sin = new_token
     num_blocks, block_size = k_cache.shape[:2]
     tables, lens = block_tables.long(), context_lens.long()
@@ -146,8 +145,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     not rotated (see the top): k, v [batch, n_kv_heads, head_dim] bf16 (views of the QKV rows,
     one row stride), positions [batch] int64, cos_sin [max_positions, head_dim] float32 (stage
     05's table). A position outside the table gives a NaN row. On CUDA the kernel rotates and
-    stores them itself at head_dim 64 and 128; at any other head_dim stage 13's rope_cache_write
-    runs first (write_new_token), then the kernel.
+    stores them itself (any head_dim); the twin runs write_new_token first.
     The CUDA path never reads a device value on the host (it can be captured in a CUDA
     graph), so it cannot check values: a row whose length exceeds max_context or the block
     table, or whose blocks lie outside the pool, is NaN. Validate them on the host.
@@ -155,9 +153,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not q.is_cuda:
         return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
                                              scale, out, max_context, split, partition, new_token)
-    if new_token is not None and q.shape[-1] not in (64, 128):
-        q = write_new_token(q, k_cache, v_cache, block_tables, context_lens, new_token)
-        new_token = None
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     parts.kernels().paged_decode_attention(

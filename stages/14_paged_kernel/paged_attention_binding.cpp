@@ -132,8 +132,6 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
                   rotates == cos_sin.has_value(),
               "the new token's k_new, v_new, positions and cos_sin come together, or none");
   if (rotates) {
-    TORCH_CHECK(head_dim == 64 || head_dim == 128, "with the new token (k_new), head_dim must be "
-                "64 or 128, got ", head_dim);
     for (const at::Tensor* t : {&*k_new, &*v_new}) {
       tvllm::check_head_rows(*t, "k_new and v_new");
       tvllm::check_same_device(q, *t);
