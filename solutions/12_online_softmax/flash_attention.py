@@ -125,7 +125,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if not q.is_cuda:
         return flash_attention_native(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k)
-    if q.dim() == 3 and q.shape[2] not in KERNEL_HEAD_DIMS or not scale > 0:
+    if (q.dim() == 3 and q.shape[2] not in KERNEL_HEAD_DIMS) or not scale > 0:
         return _stage07().prefill_attention(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k,
                                             max_seqlen_q=max_seqlen_q)
     if max_seqlen_q is None:

@@ -126,8 +126,9 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
 // ------------------------------------------------------------------- the student's parts
 
 // S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d + 8]), not
-// yet scaled (online_softmax does that). s[j] is the C fragment of keys 8j .. 8j + 7: this lane holds rows g and
-// g + 8, keys 8j + 2t and 8j + 2t + 1. qf[kk] is the A fragment of Q's dims 16kk .. 16kk + 15.
+// yet scaled (online_softmax does that). s[j] is the C fragment of keys 8j .. 8j + 7: this
+// lane holds rows g and g + 8, keys 8j + 2t and 8j + 2t + 1. qf[kk] is the A fragment of Q's
+// dims 16kk .. 16kk + 15.
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
                                             int lane, float (&s)[kNTiles][4]) {

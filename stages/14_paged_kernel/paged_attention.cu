@@ -360,10 +360,10 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     if (last >= k_begin && last < k_end && ((last - k_begin) / kStepKeys) % kWarps == warp) {
       const int blk_new = __ldg(table + (last >> p.block_shift));
       write_new_token(p, b, kv_head, lane, d, bad_pos, s_rope,
-                          static_cast<unsigned>(blk_new) < static_cast<unsigned>(p.num_blocks)
-                              ? (static_cast<int64_t>(blk_new) * p.block_size +
-                                 (last & (p.block_size - 1))) * key_stride + head_off
-                              : -1);
+                      static_cast<unsigned>(blk_new) < static_cast<unsigned>(p.num_blocks)
+                          ? (static_cast<int64_t>(blk_new) * p.block_size +
+                             (last & (p.block_size - 1))) * key_stride + head_off
+                          : -1);
       __syncwarp();
     }
   }
