@@ -161,13 +161,12 @@ def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
         end.synchronize()
         replays.append(start.elapsed_time(end) * 1e3)
     torch.cuda.synchronize()
-    chain, chain_skipped = [], None if decoder.use_graphs else "eager decode: no graph"
+    chain, chain_skipped = [], "eager decode: no graph"
     if decoder.use_graphs:
         try:    # a diagnostic: should the profiler fail on a replay, the rest still runs
             chain = chain_table(replay_spans(decoder.graphs[size].replay),
                                 model.config.num_hidden_layers)
-            if not chain:
-                chain_skipped = "the profiler saw no kernel in the graph replay"
+            chain_skipped = None if chain else "the profiler saw no kernel in the graph replay"
         except RuntimeError as e:
             chain_skipped = f"the profiler failed on a graph replay: {e}"
     host = host_breakdown(engine, 30)        # steady state: the host runs one step ahead
