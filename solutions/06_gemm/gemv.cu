@@ -296,6 +296,10 @@ constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 256 pieces: a warp'
 // 1024 columns) 0.947 -- not profiled; each run's place and row then take divisions (one
 // 64-bit) per run instead of one per stage, which the loop is sensitive to (see Plan).
 constexpr int kTmaBlocksPerSm = 2;
+// The compiler is told three blocks an SM (at most 80 registers a thread; it takes 79, no
+// spills) though a launch gives each SM two: a third block then fits beside two of a GEMV
+// whose blocks are small (a one-stage GEMV, below), where at 86 registers it never did.
+constexpr int kTmaRegisterBlocks = 3;
 constexpr int kTmaMaxIn = 16384;
 constexpr int kTmaMaxSums = 4096;                         // rows x halves a block sums
 constexpr size_t kTmaHead = 128;  // the stages' mbarriers and the prologue's warp sums, then the ring
@@ -306,6 +310,14 @@ constexpr size_t kTmaHead = 128;  // the stages' mbarriers and the prologue's wa
 // side) batch 1 took 1.086 ms, with 37 KB (three) slower still, with 80 KB 0.945 ms --
 // gemv_kernel 0.995 in the same calls. Side by side, the next GEMV's early requests took
 // bandwidth from the running one: every GEMV of a step is on its critical path.
+// The exception is a GEMV whose block fetches its whole stretch in one stage (o_proj at batch
+// 1: 8 rows of 2048 columns): it keeps only what it needs (68 KB), so that one block of the
+// next GEMV (gate_up) lands beside its two and requests its first stages while o_proj's blocks
+// wait for the attention, the step's longest stretch of idle memory; gate_up's other block
+// arrives when o_proj's leave. The SM then holds 216 KB: the launcher asks for the largest
+// shared-memory carveout. Measured on the H200 (twenty-first session): batch 1 0.861-0.862
+// ms against 0.870-0.871; the same with gate_up's start held until o_proj's wait returns
+// 0.863-0.864: its requests during the attention cost nothing measurable.
 constexpr size_t kTmaMinSmem = 80 * 1024;
 
 // What gemv_kernel_tma does to x before the product: nothing (norm == nullptr), or
@@ -387,10 +399,10 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 // x: [1, in] bf16, weight: [out, in] bf16 (pair > 0: [2 out, in], gate rows then up rows),
 // y: [1, out] of OutT; in % 2048 == 0, in <= kTmaMaxIn; dynamic shared memory
 // tma_smem_bytes(in, ceil(out / grid) x (pair ? 2 : 1)).
-// Two blocks an SM (kTmaMinSmem makes sure of no more), and the compiler is told so: at most
-// 128 registers a thread, or one block fits and the stream halves.
+// Two blocks an SM (kTmaMinSmem makes sure of no more), registers for three
+// (kTmaRegisterBlocks).
 template <typename OutT>
-__global__ void __launch_bounds__(kTmaThreads, kTmaBlocksPerSm)
+__global__ void __launch_bounds__(kTmaThreads, kTmaRegisterBlocks)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
                 OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro) {
   extern __shared__ uint4 smem[];
@@ -500,10 +512,13 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   const int sums = static_cast<int>(tvllm_ceil_div(out_features, blocks)) * (pair > 0 ? 2 : 1);
   if (sums > kTmaMaxSums) return "gemv (bulk copies): too many rows per block";
   const size_t needed = tma_smem_bytes(in_features, sums);
-  const size_t smem = needed > kTmaMinSmem ? needed : kTmaMinSmem;
-  static const bool opted_in = cudaFuncSetAttribute(
-      gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kTmaMaxSmem)) == cudaSuccess;
+  const bool one_stage = static_cast<int64_t>(sums) * (in_features / 8) <= kTmaStagePieces;
+  const size_t smem = one_stage || needed > kTmaMinSmem ? needed : kTmaMinSmem;
+  static const bool opted_in =
+      cudaFuncSetAttribute(gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kTmaMaxSmem)) == cudaSuccess &&
+      cudaFuncSetAttribute(gemv_kernel_tma<OutT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) == cudaSuccess;
   if (!opted_in) {
     cudaGetLastError();
     return "gemv (bulk copies): the device refused the kernel's shared memory";
