@@ -423,7 +423,9 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   const uint4* from[2] = {w + static_cast<int64_t>(r0) * pieces,
                           w + static_cast<int64_t>(r0 + pair) * pieces};
-  // Stage k (if any) into slot k % kTmaStages: thread 0 only.
+  // Stage k (if any) into slot k % kTmaStages: thread 0 only. The weights are read once a
+  // step: first out of the L2 (bulk_copy.cuh).
+  const uint64_t policy = evict_first_policy();
   auto request = [&](int k) {
     if (k >= stages) return;
     const int64_t offset = static_cast<int64_t>(k) * half;
@@ -431,7 +433,8 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
     uint64_t* bar = &full[k % kTmaStages];
     barrier_expect_bytes(bar, static_cast<unsigned>(n * 16 * halves));
     uint4* slot = ring + (k % kTmaStages) * kTmaStagePieces;
-    for (int h = 0; h < halves; ++h) bulk_copy(slot + h * half, from[h] + offset, n * 16, bar);
+    for (int h = 0; h < halves; ++h)
+      bulk_copy(slot + h * half, from[h] + offset, n * 16, bar, policy);
   };
   if (tid == 0)
     for (int s = 0; s < kTmaStages; ++s) barrier_init(&full[s], 1);

@@ -241,14 +241,14 @@ class LlamaModel:
         row is a sequence's last token; rows=None then skips the copy that selecting them would
         be (one kernel fewer per step).
         """
-        # BEGIN SOLUTION: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 and gemv=False
+        # BEGIN SOLUTION: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32
         # float32 logits: at logit 25 a bf16 step is 0.125, wider than the gap between a
         # trained model's top two tokens can be (SmolLM2's first answer token: 0.08).
-        # cuBLAS even for one token: for a weight this wide (Llama-3.2-1B's is 128256 x 2048,
-        # 525 MB) cuBLAS's own GEMV reads it at the copy bandwidth (122.6 us on the H200),
-        # stage 06's at 86% of it (142 us).
+        # One token goes to stage 06's GEMV, as every projection does: on Hopper it streams
+        # Llama-3.2-1B's 525 MB at the copy bandwidth, as cuBLAS does, and marks them first out
+        # of the L2, where cuBLAS's stream would flush the KV cache from it every step.
         x = hidden if rows is None else hidden.index_select(0, rows)
-        return linear(x, self.lm_head, out_dtype=torch.float32, gemv=False)
+        return linear(x, self.lm_head, out_dtype=torch.float32)
         # END SOLUTION
 
 

@@ -228,8 +228,8 @@ class LlamaModel:
         row is a sequence's last token; rows=None then skips the copy that selecting them would
         be (one kernel fewer per step).
         """
-        # TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 and gemv=False (about 7 lines)
-        raise NotImplementedError("TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 and gemv=False (about 7 lines)")
+        # TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 (about 7 lines)
+        raise NotImplementedError("TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 (about 7 lines)")
 
 
 def check_prompt(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int) -> None:
