@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   const int row0 = lane / (kD / 8), piece = lane % (kD / 8);
   // The physical block of the key of each piece this lane copies in its step i.
   auto lookup = [&](int i, int (&blk)[kCopies]) {
-    // BEGIN SOLUTION: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0); with kWholeSteps one read, the step's first key's, for every x
+    // BEGIN SOLUTION: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0). Optional, for speed: with kWholeSteps one read, the step's first key's, for every x
     if constexpr (kWholeSteps) {
       const int entry = i < my_steps ? __ldg(table + (first_key(i) >> p.block_shift)) : 0;
 #pragma unroll
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     if (i >= my_steps) return;  // the same for the whole warp
     __nv_bfloat16* dst = lane_ring + slot * Smem<kD>::kSlot;
     const int j0 = first_key(i);
-    // BEGIN SOLUTION: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset (with kWholeSteps: one for the step, then kRowsPerCopy rows apart), copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block
+    // BEGIN SOLUTION: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further
     if constexpr (kWholeSteps) {
       const bool in_pool = static_cast<unsigned>(blk[0]) < static_cast<unsigned>(p.num_blocks);
       bad_block |= !in_pool;  // the step's first key is wanted
@@ -543,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
       bad_block |= wanted && !in_pool;
       const bool ok = wanted && in_pool && my_piece;
       const int64_t at = ok ? (static_cast<int64_t>(blk[x]) * p.block_size +
-                               (j & (p.block_size - 1)) - row0) * key_stride + lane_off
+                               (j & (p.block_size - 1))) * key_stride + head_off + piece * 8
                             : 0;
       copy16(reinterpret_cast<uint4*>(dst + x * kRowsPerCopy * kPitch), p.k + at, ok);
       copy16(reinterpret_cast<uint4*>(dst + (kStepKeys + x * kRowsPerCopy) * kPitch), p.v + at, ok);

@@ -264,8 +264,8 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
 // blockIdx.x = b * partitions + partition, blockIdx.y = kv_head * head_chunks + chunk.
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
 // zeros in shared memory and in Q). kR: rows per lane holding query heads, 1 when a block has
-// at most 8 (row g) and 2 above (rows g and g + 8).
-template <int kD, int kR>
+// at most 8 (row g) and 2 above (rows g and g + 8). kWholeSteps: block_size >= kStepKeys.
+template <int kD, int kR, bool kWholeSteps>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
   // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
   // the block table and the position are step inputs that no kernel writes: they are read
@@ -311,10 +311,12 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   auto first_key = [&](int i) { return k_begin + (warp + i * kWarps) * kStepKeys; };
 
   // A step's 16 rows x kD / 8 pieces of K (and as many of V), spread over the lanes: this
-  // lane's x-th is piece c = lane + 32x, of row c / (kD / 8).
+  // lane's x-th is piece `piece` of row row0 + x * kRowsPerCopy.
+  constexpr int kRowsPerCopy = 32 / (kD / 8);
+  const int row0 = lane / (kD / 8), piece = lane % (kD / 8);
   // The physical block of the key of each piece this lane copies in its step i.
   auto lookup = [&](int i, int (&blk)[kCopies]) {
-    // TODO stage 14: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0) (about 5 lines)
+    // TODO stage 14: per x: the key j = first_key(i) + its row; its table entry j >> block_shift, read only when i < my_steps and j < k_end (else 0). Optional, for speed: with kWholeSteps one read, the step's first key's, for every x (about 11 lines)
   };
   // The table entries of the first kStages steps, before the wait: ahead[i] for the steps the
   // pipeline issues up front, blk for the one after (then it rolls: see the pipeline).
@@ -378,12 +380,16 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
-  // Issue this lane's copies of its step i into slot i % kStages: K row r at r * kPitch, V
-  // row r at (kStepKeys + r) * kPitch.
-  auto fetch = [&](int i, const int (&blk)[kCopies]) {
+  // Issue this lane's copies of its step i into `slot`: K row r at r * kPitch, V row r at
+  // (kStepKeys + r) * kPitch.
+  const bool my_piece = piece < pieces;
+  const int64_t lane_off = row0 * key_stride + head_off + piece * 8;
+  __nv_bfloat16* const lane_ring = ring + row0 * kPitch + piece * 8;
+  auto fetch = [&](int i, const int (&blk)[kCopies], int slot) {
     if (i >= my_steps) return;  // the same for the whole warp
-    __nv_bfloat16* slot = ring + (i % kStages) * Smem<kD>::kSlot;
-    // TODO stage 14: per x: the row and the piece; the key's row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block (about 14 lines)
+    __nv_bfloat16* dst = lane_ring + slot * Smem<kD>::kSlot;
+    const int j0 = first_key(i);
+    // TODO stage 14: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further (about 30 lines)
   };
 
   // The pipeline: kStages - 1 steps in flight before the first is used; then per step: wait
@@ -391,20 +397,25 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // slot used one step ago), read the table for the step after that, and compute.
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
-    fetch(i, ahead[i]);
+    fetch(i, ahead[i], i);
     copies_commit();
   }
+  // The slots of step i (read) and of step i + kStages - 1 (write): i % kStages and the one
+  // before it, rolled forward without a division.
+  int read = 0, write = kStages - 1;
   if (rotates) rotate_q<kD>(qf, q_rows, n_here, d, s_rope, g, t, bad_pos);  // after the copies
   for (int i = 0; i < my_steps; ++i) {
     copies_wait<kStages - 2>();  // this lane's copies of step i have landed ...
     __syncwarp();                // ... and every lane's: ldmatrix reads them all
-    fetch(i + kStages - 1, blk);
+    fetch(i + kStages - 1, blk, write);
     copies_commit();             // one group per step, empty or not: the count stays right
     lookup(i + kStages, blk);    // in flight during the compute; used by the next fetch
-    const __nv_bfloat16* ks = ring + (i % kStages) * Smem<kD>::kSlot;
+    const __nv_bfloat16* ks = ring + read * Smem<kD>::kSlot;
+    read = read + 1 == kStages ? 0 : read + 1;
+    write = write + 1 == kStages ? 0 : write + 1;
     float s[2][4];
     step_scores<kD>(qf, ks, lane, s);
-    // TODO stage 14: each score times p.scale_log2, or -inf for keys at or past k_end (key first_key(i) + 8j + 2t + e % 2) (about 5 lines)
+    // TODO stage 14: each score times p.scale_log2; in the step that holds k_end (the same for the whole warp), -inf for keys at or past it (key first_key(i) + 8j + 2t + e % 2) (about 7 lines)
     step_softmax<kD, kR>(s, m, l, o);
     // With one row per lane, rows g + 8 hold no query head: zeros, never -inf or NaN, into P.
     if (kR == 1) s[0][2] = s[0][3] = s[1][2] = s[1][3] = 0.f;
@@ -458,16 +469,20 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // TODO stage 14: __threadfence and __syncthreads; thread 0: atomicAdd 1 to the ticket of (b, blockIdx.y) (p.tickets[b * gridDim.y + blockIdx.y]); the block that drew used - 1 is the last: it resets the ticket to 0 (every other block of the launch has taken its own) and says so in s_last; __syncthreads; the others return; the last: __threadfence (it reads what the others wrote), then merge_partitions over shared memory (about 11 lines)
 }
 
-template <int kD, int kR>
+template <int kD, int kR, bool kWholeSteps>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
   // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)
   return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)";
 }
 
-// One or two rows of query heads per lane (at most 8 heads a block, or up to 16).
+// One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of
+// at least kStepKeys rows hold whole steps (steps start at multiples of 16 keys): one table
+// entry per step, and a lane's rows kRowsPerCopy rows apart in memory.
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
-  return p.group > 8 ? launch<kD, 2>(p, batch, stream) : launch<kD, 1>(p, batch, stream);
+  if (p.block_size >= kStepKeys)
+    return p.group > 8 ? launch<kD, 2, true>(p, batch, stream) : launch<kD, 1, true>(p, batch, stream);
+  return p.group > 8 ? launch<kD, 2, false>(p, batch, stream) : launch<kD, 1, false>(p, batch, stream);
 }
 
 }  // namespace
