@@ -147,12 +147,25 @@ struct Smem {
   // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (three 8.5 KB slots per
   // warp would take 102 KB a block, more than the 99 KB an RTX 30xx/40xx or an L4 allows).
   static constexpr int kStages = kD <= 64 ? 3 : 2;
-  static constexpr int kPitch = kD + 8;
-  static constexpr int kSlot = 2 * kStepKeys * kPitch;  // bf16
+  static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16, rows swizzled (swizzled)
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
   static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
 };
+
+// Where chunk c (dims 8c .. 8c + 7) of row r of a slot lives, in bf16 from the slot's start:
+// row r at r * kD, its chunks in the order c ^ (r % 8) (ldmatrix's 8 rows in 8 bank groups).
+template <int kD>
+__device__ __forceinline__ int swizzled(int r, int c) { return r * kD + 8 * (c ^ (r & 7)); }
+
+__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
 // ks, the step's 16 K rows (pitch kD + 8). s[j]: the C fragment of keys 8j .. 8j + 7 (this
@@ -166,11 +179,14 @@ __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
   for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile 0); 8-15: keys 0-7, dims 8-15 (its b1);
   // 16-23: keys 8-15, dims 0-7 (b0 of tile 1); 24-31: keys 8-15, dims 8-15.
-  const __nv_bfloat16* base = ks + ((lane % 8) + 8 * (lane / 16)) * Smem<kD>::kPitch + 8 * ((lane / 8) % 2);
+  // Chunk 2kk + half of row `row` is at chunk0 ^ 2kk (rows start 128-byte aligned): the
+  // address of kk is the address of 0 with bits flipped.
+  const int row = (lane % 8) + 8 * (lane / 16), half = (lane / 8) % 2;
+  const uint32_t base = smem_addr(ks + swizzled<kD>(row, half));
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t b[4];
-    ldmatrix_x4(b, base + kk * 16);
+    ldmatrix_x4_at(b, base ^ (kk * 32));
     mma_bf16(s[0], qf[kk], b[0], b[1]);
     mma_bf16(s[1], qf[kk], b[2], b[3]);
   }
@@ -223,11 +239,12 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
                          pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
   // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
-  const __nv_bfloat16* base = vs + ((lane % 8) + 8 * ((lane / 8) % 2)) * Smem<kD>::kPitch + 8 * (lane / 16);
+  const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;
+  const uint32_t base = smem_addr(vs + swizzled<kD>(row, half));
 #pragma unroll
   for (int i = 0; i < kD / 8; i += 2) {
     uint32_t b[4];
-    ldmatrix_x4_trans(b, base + i * 8);
+    ldmatrix_x4_trans_at(b, base ^ (i * 16));
     mma_bf16(o[i], a, b[0], b[1]);
     mma_bf16(o[i + 1], a, b[2], b[3]);
   }
@@ -371,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
   // kernel writes the new token); the caches, q and the new k, v only after it.
   allow_next_kernel_to_start();
-  constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
+  constexpr int kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
   const int d = kD == 64 ? 64 : p.head_dim;
   const int pieces = d / 8;
@@ -504,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-  extern __shared__ uint4 smem[];
+  extern __shared__ __align__(1024) uint4 smem[];
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
@@ -512,10 +529,12 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // (kStepKeys + r) * kPitch.
   const bool my_piece = piece < pieces;
   const int64_t lane_off = row0 * key_stride + head_off + piece * 8;
-  __nv_bfloat16* const lane_ring = ring + row0 * kPitch + piece * 8;
+  int swz[kCopies];  // this lane's x-th piece of K in a slot (V's: kStepKeys * kD further)
+#pragma unroll
+  for (int x = 0; x < kCopies; ++x) swz[x] = swizzled<kD>(row0 + x * kRowsPerCopy, piece);
   auto fetch = [&](int i, const int (&blk)[kCopies], int slot) {
     if (i >= my_steps) return;  // the same for the whole warp
-    __nv_bfloat16* dst = lane_ring + slot * Smem<kD>::kSlot;
+    __nv_bfloat16* dst = ring + slot * Smem<kD>::kSlot;
     const int j0 = first_key(i);
     // BEGIN SOLUTION: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further
     if constexpr (kWholeSteps) {
@@ -528,8 +547,8 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
       for (int x = 0; x < kCopies; ++x) {
         const bool ok = in_pool && my_piece && j0 + row0 + x * kRowsPerCopy < k_end;
-        copy16(reinterpret_cast<uint4*>(dst + x * kRowsPerCopy * kPitch), k, ok);
-        copy16(reinterpret_cast<uint4*>(dst + (kStepKeys + x * kRowsPerCopy) * kPitch), v, ok);
+        copy16(reinterpret_cast<uint4*>(dst + swz[x]), k, ok);
+        copy16(reinterpret_cast<uint4*>(dst + kStepKeys * kD + swz[x]), v, ok);
         k += kRowsPerCopy * key_stride;
         v += kRowsPerCopy * key_stride;
       }
@@ -545,8 +564,8 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
       const int64_t at = ok ? (static_cast<int64_t>(blk[x]) * p.block_size +
                                (j & (p.block_size - 1))) * key_stride + head_off + piece * 8
                             : 0;
-      copy16(reinterpret_cast<uint4*>(dst + x * kRowsPerCopy * kPitch), p.k + at, ok);
-      copy16(reinterpret_cast<uint4*>(dst + (kStepKeys + x * kRowsPerCopy) * kPitch), p.v + at, ok);
+      copy16(reinterpret_cast<uint4*>(dst + swz[x]), p.k + at, ok);
+      copy16(reinterpret_cast<uint4*>(dst + kStepKeys * kD + swz[x]), p.v + at, ok);
     }
     // END SOLUTION
   };
@@ -586,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     step_softmax<kD, kR>(s, m, l, o);
     // With one row per lane, rows g + 8 hold no query head: zeros, never -inf or NaN, into P.
     if (kR == 1) s[0][2] = s[0][3] = s[1][2] = s[1][3] = 0.f;
-    step_values<kD>(s, ks + kStepKeys * kPitch, lane, o);
+    step_values<kD>(s, ks + kStepKeys * kD, lane, o);
     __syncwarp();  // every lane is done reading slot i % kStages before it is refilled
   }
   copies_wait<0>();
