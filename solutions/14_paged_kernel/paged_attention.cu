@@ -22,7 +22,8 @@
 //
 // A warp never waits for the memory of the keys it is about to use: each step (16 keys) goes
 // straight into the warp's ring of kStages slots in shared memory with cp.async, kStages - 1
-// steps ahead, rows pitched d + 8 so ldmatrix reads them without bank conflicts. ldmatrix reads
+// steps ahead, each row's 16-byte chunks swizzled so that ldmatrix reads them without bank
+// conflicts and each lane group's copy of a row is one aligned 128-byte write. ldmatrix reads
 // rows that other lanes copied, so after each lane's cp.async.wait_group the warp meets at
 // __syncwarp (and again before a slot is refilled). The block-table entries of a step are read
 // one step before its copies are issued, so the copies never wait for the table either.
@@ -139,54 +140,49 @@ struct Running {
 };
 
 // Shared memory of a block of head size kD: during the keys, each warp's ring of kStages
-// slots, a slot holding a step's 16 K rows then its 16 V rows, pitched kD + 8 bf16 (ldmatrix
-// reads 8 rows at once: with a pitch of 128 or 256 bytes all 8 would share 4 banks); at the
-// end, the warps' states: o as [kWarps][kRows][kD] floats, then m and l as [kWarps][kRows].
+// slots, a slot holding a step's 16 K rows then its 16 V rows of kD bf16, each row's chunks
+// swizzled (swizzled); at the end, the warps' states: o as [kWarps][kRows][kD] floats, then m
+// and l as [kWarps][kRows].
 template <int kD>
 struct Smem {
-  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (three 8.5 KB slots per
-  // warp would take 102 KB a block, more than the 99 KB an RTX 30xx/40xx or an L4 allows).
+  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (chosen when rows were
+  // padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
+  // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured).
   static constexpr int kStages = kD <= 64 ? 3 : 2;
-  static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16, rows swizzled (swizzled)
+  static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64), 64 KB (128)
 };
 
 // Where chunk c (dims 8c .. 8c + 7) of row r of a slot lives, in bf16 from the slot's start:
-// row r at r * kD, its chunks in the order c ^ (r % 8) (ldmatrix's 8 rows in 8 bank groups).
+// row r at r * kD, its chunks in the order c ^ (r % 8). ldmatrix reads one chunk of 8
+// consecutive rows at once: in rows of 128 or 256 bytes, unswizzled, all 8 would sit in the
+// same 4 banks; swizzled they sit in 8 different 16-byte bank groups, and a row stays whole.
 template <int kD>
 __device__ __forceinline__ int swizzled(int r, int c) { return r * kD + 8 * (c ^ (r & 7)); }
 
-__device__ __forceinline__ void ldmatrix_x4_at(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans_at(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
-// ks, the step's 16 K rows (pitch kD + 8). s[j]: the C fragment of keys 8j .. 8j + 7 (this
+// ks, the step's 16 K rows (swizzled). s[j]: the C fragment of keys 8j .. 8j + 7 (this
 // lane: rows g and g + 8, keys 8j + 2t and 8j + 2t + 1).
 template <int kD>
 __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
                                             const __nv_bfloat16* ks, int lane,
                                             float (&s)[2][4]) {
-  // BEGIN SOLUTION: zero s; per 16 dims one ldmatrix.x4 of the 16 K rows (B fragments of both key tiles) and two mma
+  // BEGIN SOLUTION: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk one ldmatrix.x4 at base ^ (32 kk) (B fragments of both key tiles) and two mma
 #pragma unroll
   for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile 0); 8-15: keys 0-7, dims 8-15 (its b1);
   // 16-23: keys 8-15, dims 0-7 (b0 of tile 1); 24-31: keys 8-15, dims 8-15.
-  // Chunk 2kk + half of row `row` is at chunk0 ^ 2kk (rows start 128-byte aligned): the
-  // address of kk is the address of 0 with bits flipped.
+  // Chunk 2kk + half of the row sits at (2kk + half) ^ (row % 8) = chunk0 ^ 2kk, chunk0 the
+  // place of chunk half. Rows start at multiples of their size in shared memory (the ring is
+  // 1024-byte aligned), so the address for kk is base with bits 5-7 flipped: one XOR.
   const int row = (lane % 8) + 8 * (lane / 16), half = (lane / 8) % 2;
   const uint32_t base = smem_addr(ks + swizzled<kD>(row, half));
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     uint32_t b[4];
-    ldmatrix_x4_at(b, base ^ (kk * 32));
+    ldmatrix_x4(b, base ^ (kk * 32));
     mma_bf16(s[0], qf[kk], b[0], b[1]);
     mma_bf16(s[1], qf[kk], b[2], b[3]);
   }
@@ -234,17 +230,18 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
 template <int kD>
 __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
                                             int lane, float (&o)[kD / 8][4]) {
-  // BEGIN SOLUTION: the A fragment of P from the two score tiles; per 16 dims one ldmatrix.x4.trans of V and two mma
+  // BEGIN SOLUTION: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans at base ^ (16 i) and two mma
   const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
                          pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
   // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
+  // As in step_scores: chunk i + half (i even) sits at chunk0 ^ i.
   const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;
   const uint32_t base = smem_addr(vs + swizzled<kD>(row, half));
 #pragma unroll
   for (int i = 0; i < kD / 8; i += 2) {
     uint32_t b[4];
-    ldmatrix_x4_trans_at(b, base ^ (i * 16));
+    ldmatrix_x4_trans(b, base ^ (i * 16));
     mma_bf16(o[i], a, b[0], b[1]);
     mma_bf16(o[i + 1], a, b[2], b[3]);
   }
@@ -521,12 +518,13 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-  extern __shared__ __align__(1024) uint4 smem[];
+  extern __shared__ __align__(1024) uint4 smem[];  // aligned: step_scores' XOR addressing
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
-  // Issue this lane's copies of its step i into `slot`: K row r at r * kPitch, V row r at
-  // (kStepKeys + r) * kPitch.
+  // Issue this lane's copies of its step i into `slot`: K row r as row r of the slot, V row r
+  // as row kStepKeys + r, swizzled: this lane's x-th piece at swz[x] (K) and kStepKeys * kD +
+  // swz[x] (V).
   const bool my_piece = piece < pieces;
   const int64_t lane_off = row0 * key_stride + head_off + piece * 8;
   int swz[kCopies];  // this lane's x-th piece of K in a slot (V's: kStepKeys * kD further)
@@ -536,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     if (i >= my_steps) return;  // the same for the whole warp
     __nv_bfloat16* dst = ring + slot * Smem<kD>::kSlot;
     const int j0 = first_key(i);
-    // BEGIN SOLUTION: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further
+    // BEGIN SOLUTION: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V (to swz[x] and kStepKeys * kD + swz[x] in the slot); keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further
     if constexpr (kWholeSteps) {
       const bool in_pool = static_cast<unsigned>(blk[0]) < static_cast<unsigned>(p.num_blocks);
       bad_block |= !in_pool;  // the step's first key is wanted

@@ -22,7 +22,8 @@
 //
 // A warp never waits for the memory of the keys it is about to use: each step (16 keys) goes
 // straight into the warp's ring of kStages slots in shared memory with cp.async, kStages - 1
-// steps ahead, rows pitched d + 8 so ldmatrix reads them without bank conflicts. ldmatrix reads
+// steps ahead, each row's 16-byte chunks swizzled so that ldmatrix reads them without bank
+// conflicts and each lane group's copy of a row is one aligned 128-byte write. ldmatrix reads
 // rows that other lanes copied, so after each lane's cp.async.wait_group the warp meets at
 // __syncwarp (and again before a slot is refilled). The block-table entries of a step are read
 // one step before its copies are issued, so the copies never wait for the table either.
@@ -131,29 +132,36 @@ struct Running {
 };
 
 // Shared memory of a block of head size kD: during the keys, each warp's ring of kStages
-// slots, a slot holding a step's 16 K rows then its 16 V rows, pitched kD + 8 bf16 (ldmatrix
-// reads 8 rows at once: with a pitch of 128 or 256 bytes all 8 would share 4 banks); at the
-// end, the warps' states: o as [kWarps][kRows][kD] floats, then m and l as [kWarps][kRows].
+// slots, a slot holding a step's 16 K rows then its 16 V rows of kD bf16, each row's chunks
+// swizzled (swizzled); at the end, the warps' states: o as [kWarps][kRows][kD] floats, then m
+// and l as [kWarps][kRows].
 template <int kD>
 struct Smem {
-  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (three 8.5 KB slots per
-  // warp would take 102 KB a block, more than the 99 KB an RTX 30xx/40xx or an L4 allows).
+  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (chosen when rows were
+  // padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
+  // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured).
   static constexpr int kStages = kD <= 64 ? 3 : 2;
-  static constexpr int kPitch = kD + 8;
-  static constexpr int kSlot = 2 * kStepKeys * kPitch;  // bf16
+  static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 54 KB (64), 68 KB (128)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64), 64 KB (128)
 };
 
+// Where chunk c (dims 8c .. 8c + 7) of row r of a slot lives, in bf16 from the slot's start:
+// row r at r * kD, its chunks in the order c ^ (r % 8). ldmatrix reads one chunk of 8
+// consecutive rows at once: in rows of 128 or 256 bytes, unswizzled, all 8 would sit in the
+// same 4 banks; swizzled they sit in 8 different 16-byte bank groups, and a row stays whole.
+template <int kD>
+__device__ __forceinline__ int swizzled(int r, int c) { return r * kD + 8 * (c ^ (r & 7)); }
+
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
-// ks, the step's 16 K rows (pitch kD + 8). s[j]: the C fragment of keys 8j .. 8j + 7 (this
+// ks, the step's 16 K rows (swizzled). s[j]: the C fragment of keys 8j .. 8j + 7 (this
 // lane: rows g and g + 8, keys 8j + 2t and 8j + 2t + 1).
 template <int kD>
 __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
                                             const __nv_bfloat16* ks, int lane,
                                             float (&s)[2][4]) {
-  // TODO stage 14: zero s; per 16 dims one ldmatrix.x4 of the 16 K rows (B fragments of both key tiles) and two mma (about 12 lines)
+  // TODO stage 14: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk one ldmatrix.x4 at base ^ (32 kk) (B fragments of both key tiles) and two mma (about 16 lines)
 }
 
 // The online softmax of one step for this lane's rows r < kR (row g + 8r): s holds the step's
@@ -172,7 +180,7 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
 template <int kD>
 __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
                                             int lane, float (&o)[kD / 8][4]) {
-  // TODO stage 14: the A fragment of P from the two score tiles; per 16 dims one ldmatrix.x4.trans of V and two mma (about 12 lines)
+  // TODO stage 14: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans at base ^ (16 i) and two mma (about 14 lines)
 }
 
 // Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
@@ -272,7 +280,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
   // kernel writes the new token); the caches, q and the new k, v only after it.
   allow_next_kernel_to_start();
-  constexpr int kPitch = Smem<kD>::kPitch, kStages = Smem<kD>::kStages;
+  constexpr int kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
   const int d = kD == 64 ? 64 : p.head_dim;
   const int pieces = d / 8;
@@ -376,20 +384,23 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 #pragma unroll
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
-  extern __shared__ uint4 smem[];
+  extern __shared__ __align__(1024) uint4 smem[];  // aligned: step_scores' XOR addressing
   __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
-  // Issue this lane's copies of its step i into `slot`: K row r at r * kPitch, V row r at
-  // (kStepKeys + r) * kPitch.
+  // Issue this lane's copies of its step i into `slot`: K row r as row r of the slot, V row r
+  // as row kStepKeys + r, swizzled: this lane's x-th piece at swz[x] (K) and kStepKeys * kD +
+  // swz[x] (V).
   const bool my_piece = piece < pieces;
   const int64_t lane_off = row0 * key_stride + head_off + piece * 8;
-  __nv_bfloat16* const lane_ring = ring + row0 * kPitch + piece * 8;
+  int swz[kCopies];  // this lane's x-th piece of K in a slot (V's: kStepKeys * kD further)
+#pragma unroll
+  for (int x = 0; x < kCopies; ++x) swz[x] = swizzled<kD>(row0 + x * kRowsPerCopy, piece);
   auto fetch = [&](int i, const int (&blk)[kCopies], int slot) {
     if (i >= my_steps) return;  // the same for the whole warp
-    __nv_bfloat16* dst = lane_ring + slot * Smem<kD>::kSlot;
+    __nv_bfloat16* dst = ring + slot * Smem<kD>::kSlot;
     const int j0 = first_key(i);
-    // TODO stage 14: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V; keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further (about 30 lines)
+    // TODO stage 14: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V (to swz[x] and kStepKeys * kD + swz[x] in the slot); keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further (about 30 lines)
   };
 
   // The pipeline: kStages - 1 steps in flight before the first is used; then per step: wait
@@ -419,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     step_softmax<kD, kR>(s, m, l, o);
     // With one row per lane, rows g + 8 hold no query head: zeros, never -inf or NaN, into P.
     if (kR == 1) s[0][2] = s[0][3] = s[1][2] = s[1][3] = 0.f;
-    step_values<kD>(s, ks + kStepKeys * kPitch, lane, o);
+    step_values<kD>(s, ks + kStepKeys * kD, lane, o);
     __syncwarp();  // every lane is done reading slot i % kStages before it is refilled
   }
   copies_wait<0>();

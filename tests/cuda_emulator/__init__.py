@@ -48,7 +48,7 @@ def preprocess(src: str) -> str:
     element of a dependent type where g++ needs `x.template f<N>(...)`."""
     for name, body in BODIES.items():
         src = _replace_body(src, name, body)
-    src = re.sub(r"extern __shared__ (\w+) (\w+)\[\];",
+    src = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
                  r"\1* \2 = reinterpret_cast<\1*>(emu::g.dyn_smem.data());", src)
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);",
                  r"emu::launch_stream(\1, \2, \3);", src, flags=re.S)
