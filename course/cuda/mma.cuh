@@ -21,18 +21,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // Four 8 x 8 bf16 matrices from shared memory: lanes 8i .. 8i+7 give the addresses of the 8
 // rows (16 bytes each) of matrix i; register i of lane 4g + t holds row g, columns 2t, 2t+1
-// of matrix i (.trans: row 2t and 2t+1, column g -- the matrix transposed).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
-}
-
-// The same, from an address already in the shared window (smem_addr): a kernel that steps
-// through a swizzled row by flipping bits of one address keeps it as 32 bits (stage 14).
+// of matrix i (.trans: row 2t and 2t+1, column g -- the matrix transposed). The address is
+// in the shared window (smem_addr): a kernel that steps through a swizzled row by flipping
+// bits of one address keeps it as 32 bits (stage 14); the others pass a pointer.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -40,6 +31,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  ldmatrix_x4(r, smem_addr(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  ldmatrix_x4_trans(r, smem_addr(p));
 }
 
 // c += a b on the tensor cores: a 16 x 16 (A fragment), b 16 x 8 (B fragment), c 16 x 8 float.
