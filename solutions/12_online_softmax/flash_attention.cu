@@ -48,6 +48,7 @@
 
 #include "cp_async.cuh"
 #include "mma.cuh"
+#include "swizzle.cuh"
 #include "tvllm.h"
 
 namespace {
@@ -59,7 +60,6 @@ using bf16 = __nv_bfloat16;
 constexpr int kShortTile = 1024;
 constexpr int kBlockN = 64;             // keys per shared-memory tile
 constexpr int kNTiles = kBlockN / 8;    // 8-key column tiles of a warp's 16 x 64 scores
-constexpr int kPad = 8;                 // bf16 after each shared-memory row (see Smem)
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Params {
@@ -74,18 +74,13 @@ struct Params {
   float scale_log2;              // scale * log2(e), positive
 };
 
-// Shared memory, bf16: the Q tile [kM][d + 8], then two K tiles and two V tiles [64][d + 8].
-// The 8 elements (16 bytes) of padding per row: ldmatrix reads 8 rows of 16 bytes at once;
-// with a pitch of d elements (128 or 256 bytes) all 8 would sit in the same 4 banks (an
-// 8-way conflict), with d + 8 they fall in 8 different 16-byte bank groups.
-template <int kD>
-constexpr int kRowPitch = kD + kPad;  // bf16 from one shared-memory row to the next
-
+// Shared memory, bf16: the Q tile [kM][d], then two K tiles and two V tiles [64][d], every
+// row's 16-byte chunks swizzled (mma.cuh's swizzled: ldmatrix reads 8 rows of 16 bytes at
+// once, and unswizzled rows of 128 or 256 bytes would put all 8 in the same 4 banks).
 template <int kD, int kM>
 struct Smem {
-  static constexpr int kPitch = kRowPitch<kD>;
-  static constexpr int kTileK = kBlockN * kPitch;             // elements of one K or V tile
-  static constexpr int kBytes = (kM * kPitch + 4 * kTileK) * 2;  // kM 128: 55 KB (d 64), 104 KB (d 128)
+  static constexpr int kTileK = kBlockN * kD;                 // elements of one K or V tile
+  static constexpr int kBytes = (kM * kD + 4 * kTileK) * 2;   // kM 128: 48 KB (d 64), 96 KB (d 128)
   static constexpr int kThreads = 2 * kM;                     // 32 per 16 rows
 };
 
@@ -99,51 +94,56 @@ __device__ __forceinline__ float fast_exp2(float x) {
 }
 
 // Rows [row0, row0 + kRows) of one head -- `src` points at row 0 of this sequence and head --
-// into shared memory (pitch d + 8) with 16-byte cp.async, spread over the block. Rows at or
+// into shared memory (swizzled) with 16-byte cp.async, spread over the block. Rows at or
 // past `len` belong to another sequence or to nothing: they are filled with zeros (0 * NaN
 // would be NaN). Asynchronous: commit, wait and __syncthreads before anyone reads the tile.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t stride, int row0,
                                           int len) {
-  constexpr int kPitch = kRowPitch<kD>;
   constexpr int kChunks = kD / 8;  // 16-byte pieces per row
   static_assert(kRows * kChunks % kThreads == 0 && kThreads % kChunks == 0,
                 "every thread loads the same number of pieces, of the same columns");
   // Thread x copies piece x % kChunks of rows x / kChunks, + kRowStep, ...: one 64-bit multiply
-  // per call, then a pointer step per piece (the loop's address arithmetic is per tile).
+  // per call, then a pointer step per piece (the loop's address arithmetic is per tile). The
+  // rows are kRowStep apart, a multiple of 8: the piece's swizzled place is the same in each.
   constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kRowStep % 8 == 0, "a thread's rows share their swizzle");
   const int r0 = threadIdx.x / kChunks, col = (threadIdx.x % kChunks) * 8;
+  bf16* to = dst + swizzled<kD>(r0, col / 8);
   const int64_t step = static_cast<int64_t>(kRowStep) * stride;
   const bf16* from = src + static_cast<int64_t>(row0 + r0) * stride + col;
 #pragma unroll
   for (int i = 0; i < kRows * kChunks / kThreads; ++i, from += step) {
     const int r = r0 + i * kRowStep;
     const bool valid = row0 + r < len;
-    copy16(reinterpret_cast<uint4*>(dst + r * kPitch + col), valid ? from : src, valid);
+    copy16(reinterpret_cast<uint4*>(to + i * kRowStep * kD), valid ? from : src, valid);
   }
 }
 
 // ------------------------------------------------------------------- the student's parts
 
-// S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d + 8]), not
+// S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d], swizzled), not
 // yet scaled (online_softmax does that). s[j] is the C fragment of keys 8j .. 8j + 7: this
 // lane holds rows g and g + 8, keys 8j + 2t and 8j + 2t + 1. qf[kk] is the A fragment of Q's
 // dims 16kk .. 16kk + 15.
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
                                             int lane, float (&s)[kNTiles][4]) {
-  // BEGIN SOLUTION: zero s; per 16 dims and per 16 keys one ldmatrix.x4 of K (two B fragments) and two mma
+  // BEGIN SOLUTION: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per 16 keys j one ldmatrix.x4 of K at (base ^ 32 kk) + 16 j rows (two B fragments) and two mma
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile j); 8-15: keys 0-7, dims 8-15 (its b1);
   // 16-23: keys 8-15, dims 0-7 (b0 of tile j + 1); 24-31: keys 8-15, dims 8-15.
-  const bf16* base = ks + ((lane % 8) + 8 * (lane / 16)) * kRowPitch<kD> + 8 * ((lane / 8) % 2);
+  // Chunk 2kk + half of the row sits at chunk0 ^ 2kk (chunk0: that of chunk half), in every
+  // 16th row alike: the address for (kk, j) is base with bits flipped, 8j rows further.
+  const int row = (lane % 8) + 8 * (lane / 16), half = (lane / 8) % 2;
+  const uint32_t base = smem_addr(ks + swizzled<kD>(row, half));
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk)
 #pragma unroll
     for (int j = 0; j < kNTiles; j += 2) {
       uint32_t b[4];
-      ldmatrix_x4(b, base + j * 8 * kRowPitch<kD> + kk * 16);
+      ldmatrix_x4(b, (base ^ (kk * 32)) + j * 8 * kD * 2);
       mma_bf16(s[j], qf[kk], b[0], b[1]);
       mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
     }
@@ -214,14 +214,15 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float sca
 }
 
 // o += P V for one tile: P (16 x 64, in s as float) becomes bf16 A fragments, 16 keys at a
-// time; V (`vs`, [64 keys][d + 8]) is read with ldmatrix.trans as B fragments of 8 dims.
+// time; V (`vs`, [64 keys][d], swizzled) is read with ldmatrix.trans as B fragments of 8 dims.
 template <int kD>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], const bf16* vs,
                                               int lane, float (&o)[kD / 8][4]) {
-  // BEGIN SOLUTION: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; per 16 dims one ldmatrix.x4.trans of V and two mma
+  // BEGIN SOLUTION: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
   // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
-  const bf16* base = vs + ((lane % 8) + 8 * ((lane / 8) % 2)) * kRowPitch<kD> + 8 * (lane / 16);
+  const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;
+  const uint32_t base = smem_addr(vs + swizzled<kD>(row, half));  // chunk i + half: chunk0 ^ i
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
     const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
@@ -231,7 +232,7 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], cons
 #pragma unroll
     for (int i = 0; i < kD / 8; i += 2) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, base + kk * 16 * kRowPitch<kD> + i * 8);
+      ldmatrix_x4_trans(b, (base ^ (i * 16)) + kk * 16 * kD * 2);
       mma_bf16(o[i], a, b[0], b[1]);
       mma_bf16(o[i + 1], a, b[2], b[3]);
     }
@@ -243,10 +244,10 @@ __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], cons
 template <int kD, int kM>
 __global__ void __launch_bounds__(Smem<kD, kM>::kThreads, (kD <= 64 ? 2 : 1) * (kM == 64 ? 2 : 1))
 flash_attention_kernel(Params p) {
-  constexpr int kPitch = kRowPitch<kD>, kThreads = Smem<kD, kM>::kThreads;
-  extern __shared__ uint4 smem[];  // 16-byte aligned, as cp.async and ldmatrix need
+  constexpr int kThreads = Smem<kD, kM>::kThreads;
+  extern __shared__ __align__(1024) uint4 smem[];  // aligned: the swizzle's XOR addressing
   bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kM * kPitch;                // K tiles: buffers 0 and 1
+  bf16* ks = qs + kM * kD;                    // K tiles: buffers 0 and 1
   bf16* vs = ks + 2 * Smem<kD, kM>::kTileK;   // V tiles: buffers 0 and 1
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -283,8 +284,8 @@ flash_attention_kernel(Params p) {
   __syncthreads();
   uint32_t qf[kD / 16][4];
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk)
-    ldmatrix_x4(qf[kk], qs + (row0 + lane % 16) * kPitch + kk * 16 + 8 * (lane / 16));
+  for (int kk = 0; kk < kD / 16; ++kk)  // chunk 2kk + lane / 16 of row row0 + lane % 16
+    ldmatrix_x4(qf[kk], smem_addr(qs + swizzled<kD>(row0 + lane % 16, lane / 16)) ^ (kk * 32));
 
   float o[kD / 8][4];
 #pragma unroll

@@ -59,6 +59,7 @@
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "rope.cuh"
+#include "swizzle.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -154,13 +155,6 @@ struct Smem {
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
   static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64), 64 KB (128)
 };
-
-// Where chunk c (dims 8c .. 8c + 7) of row r of a slot lives, in bf16 from the slot's start:
-// row r at r * kD, its chunks in the order c ^ (r % 8). ldmatrix reads one chunk of 8
-// consecutive rows at once: in rows of 128 or 256 bytes, unswizzled, all 8 would sit in the
-// same 4 banks; swizzled they sit in 8 different 16-byte bank groups, and a row stays whole.
-template <int kD>
-__device__ __forceinline__ int swizzled(int r, int c) { return r * kD + 8 * (c ^ (r & 7)); }
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
 // ks, the step's 16 K rows (swizzled). s[j]: the C fragment of keys 8j .. 8j + 7 (this
