@@ -439,9 +439,12 @@ def emu_decode():
 
 
 @pytest.mark.parametrize("batch,n_heads,n_kv,d,lens", [
-    (2, 32, 8, 64, [1, 70]), (3, 9, 3, 64, [16, 17, 0]), (1, 16, 2, 128, [130]),
-    (2, 12, 1, 32, [40, 5]), (1, 6, 6, 96, [33])],
-    ids=["llama", "smollm2-padding", "d128-group8", "group12-d32", "multi-head-d96"])
+    (2, 32, 8, 64, [1, 70]), (7, 32, 8, 64, [1, 15, 16, 17, 64, 100, 1000]),
+    (5, 8, 2, 64, [2, 3, 4, 5, 31]), (3, 9, 3, 64, [16, 17, 0]), (1, 16, 2, 128, [130]),
+    (2, 12, 1, 32, [40, 5]), (1, 6, 6, 96, [33]), (2, 16, 8, 64, [23, 64]),
+    (2, 8, 2, 16, [50, 3])],
+    ids=["llama", "llama-every-tail", "group4-short", "smollm2-padding", "d128-group8",
+         "group12-d32", "multi-head-d96", "group2", "d16-two-lanes"])
 def test_decode_attention_kernel_in_the_emulator(emu_decode, batch, n_heads, n_kv, d, lens):
     g = torch.Generator().manual_seed(batch * 1000 + d + n_heads)
     num_slots, max_len = batch + 2, max(lens) + 5

@@ -13,7 +13,6 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cstdint>
-#include <cstring>
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -53,11 +52,4 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&two);
-}
-
-// One register of two bf16 -> two floats (x: the low half, the lower column).
-__device__ __forceinline__ float2 unpack_bf16(uint32_t r) {
-  __nv_bfloat162 two;
-  memcpy(&two, &r, sizeof(two));
-  return __bfloat1622float2(two);
 }

@@ -5,6 +5,7 @@
 // issue. Kernels read and write through packs so a warp moves 512 contiguous bytes at once.
 #pragma once
 #include <cuda_bf16.h>
+#include <cstdint>
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {
@@ -13,6 +14,13 @@ struct alignas(sizeof(T) * N) Pack {
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// One 32-bit word of two bf16 -> two floats (x: the low half). A bf16 is the top half of a
+// float32, so each is one instruction, a shift or a mask (__bfloat162float of a half picked
+// out of the word takes two).
+__device__ __forceinline__ float2 unpack_bf16(uint32_t r) {
+  return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);

@@ -19,11 +19,15 @@
 // arrives, m grows to m' and the old l and o are multiplied by exp(m - m') first, so nothing
 // is ever stored per key and the context has no length limit. At the end the 4 lane groups of
 // a warp merge their (m, l, o) with shuffles, the warps merge theirs through shared memory,
-// and out = o / l.
+// and out = o / l. The hot case (head_dim 64, 4 query heads a block: Llama-3.2-1B) sums its
+// scores by reduce-scatter instead, and runs each head's softmax on 2 lanes of the 8, not on
+// all of them (attend_step_scatter).
 // head_dim 128 uses 16 lanes per key (2 keys per warp step); any other multiple of 8 up to
 // 128 rounds its chunk count up to a power of two (lanes past the head's end load nothing).
-// Math is float32; softmax runs in base 2 (scale * log2 e is folded into q; exp2f is one
-// instruction). A context length of 0 is a padding row: its output is zeros (its slot is not
+// Math is float32; softmax runs in base 2 (scale * log2 e is folded into q; fast_exp2 is one
+// instruction). Only the step that holds a context's end checks which keys exist: every
+// other step reads and scores all of its keys with no test (the loop runs at the edge of
+// the SM's instruction issue rate, so each instruction a key costs counts). A context length of 0 is a padding row: its output is zeros (its slot is not
 // looked at). A slot outside [0, num_slots) or a length outside [0, max_len] is never read:
 // that row's output is NaN (the kernel cannot raise, and the binding must not read device
 // memory, so that a decode step can be captured in a CUDA graph).
@@ -33,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "exp2.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -73,9 +78,13 @@ __device__ __forceinline__ uint4 load_or_zero(const __nv_bfloat16* src, bool ok)
 }
 
 __device__ __forceinline__ void widen8(const uint4& raw, float (&f)[8]) {
-  const BF8& x = reinterpret_cast<const BF8&>(raw);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = to_float(x.v[e]);
+  for (int e = 0; e < 4; ++e) {
+    const float2 two = unpack_bf16(w[e]);
+    f[2 * e] = two.x;
+    f[2 * e + 1] = two.y;
+  }
 }
 
 // The sum of x over an aligned group of `lanes` lanes (a power of two, at most 32); every
@@ -99,13 +108,13 @@ __device__ __forceinline__ void online_update(float& m, float& l, float (&o)[8],
 #pragma unroll
   for (int u = 0; u < kU; ++u) m_new = fmaxf(m_new, s[u]);
   const float base = m_new == -INFINITY ? 0.f : m_new;  // no key yet: every p below is 0
-  const float correction = exp2f(m - base);              // exp2(-inf) = 0 on the first key
+  const float correction = fast_exp2(m - base);              // exp2(-inf) = 0 on the first key
   l *= correction;
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] *= correction;
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    const float p = exp2f(s[u] - base);
+    const float p = fast_exp2(s[u] - base);
     l += p;
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = fmaf(p, vf[u][e], o[e]);
@@ -120,11 +129,172 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&o)[8], f
   // BEGIN SOLUTION: both states rescaled to the larger max (an all -inf state weighs 0)
   const float m_new = fmaxf(m, m2);
   const float base = m_new == -INFINITY ? 0.f : m_new;
-  const float a = exp2f(m - base), b = exp2f(m2 - base);
+  const float a = fast_exp2(m - base), b = fast_exp2(m2 - base);
   l = l * a + l2 * b;
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = o[e] * a + o2[e] * b;
   m = m_new;
+  // END SOLUTION
+}
+
+// One warp step of this lane: its kU keys (key u: k at kj + u * row_step, v at vj + the same),
+// their scores against the kG query heads, and each head's online_update. kTail: the step
+// holds the context's end, and key u exists only when u * keys_per_step < left (left: keys
+// from this lane's first key to the end); the others are not loaded (zeros) and score -inf.
+// Whole steps (kTail false) test nothing.
+template <int kU, int kG, bool kTail>
+__device__ __forceinline__ void attend_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
+                                            int64_t row_step, bool has_chunk, int left,
+                                            int keys_per_step, int lanes,
+                                            const float (&q)[kG][8], float (&m)[kG],
+                                            float (&l)[kG], float (&o)[kG][8]) {
+  // BEGIN SOLUTION: kU K and V loads first (zeros for keys that do not exist), dot products, group sums, -inf for keys that do not exist, online_update per head
+  uint4 kr[kU], vr[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {  // every load first: kU * 32 bytes in flight per lane
+    const bool load = has_chunk && (!kTail || u * keys_per_step < left);
+    kr[u] = load_or_zero(kj + u * row_step, load);
+    vr[u] = load_or_zero(vj + u * row_step, load);
+  }
+  float s[kG][kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float kf[8];
+    widen8(kr[u], kf);
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], kf[e], dot);
+      dot = group_sum(dot, lanes);  // every lane of the group holds the whole score
+      s[i][u] = !kTail || u * keys_per_step < left ? dot : -INFINITY;
+    }
+  }
+  float vf[kU][8];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) widen8(vr[u], vf[u]);
+#pragma unroll
+  for (int i = 0; i < kG; ++i) online_update<kU>(m[i], l[i], o[i], s[i], vf);
+  // END SOLUTION
+}
+
+// The hot case (head_dim 64: 8 lanes per key; a group of 4 query heads; 4 keys per lane)
+// sums its scores by REDUCE-SCATTER, not by 16 all-reduces. attend_step has every lane of a
+// group sum all 16 (head, key) scores: 16 x 3 shuffles and adds, then 16 exp2 and the softmax
+// bookkeeping done 8 times over. Here each of the 3 butterfly levels halves what a lane keeps:
+// it sends half its partial sums to its partner and adds the partner's other half to the half
+// it keeps (14 shuffles in all), so that a lane ends with 2 whole scores: the lane with bits
+// (b2 b1 b0) of its group holds head r = (b2 b1)'s scores of keys 2 * b0 and 2 * b0 + 1. Only
+// that head's softmax runs on the lane (2 exp2), and the 16 probabilities are broadcast back
+// (16 shuffles) for P * V, which every lane still does for its 8 dimensions of all 4 heads.
+//
+// No selects for the head levels: the lane's q slot i holds head i ^ r (see the kernel), so a
+// lane always keeps its low slots (0 and 1 at level 1, 0 at level 2) and sends the high ones,
+// and the partner's sent slot holds the same head as the kept one. The key level selects (b0
+// picks the pair to keep): 4 FSEL a step.
+//
+// State per lane: m_own and l_own, the running max and (partial) sum of head r over the keys
+// of the lane's pair, rescaled like o; the group's two lanes of head r share m_own (the max is
+// taken over the 4 keys), so their l_own add up at the end (scatter_state).
+//
+// Optional, for speed: the kernel takes this path once kScatterWritten is true; until then
+// attend_step serves every shape, the hot one too.
+constexpr int kScatterHeads = 4, kScatterUnroll = 4, kScatterLanes = 8;
+// BEGIN SOLUTION: true once attend_step_scatter and scatter_state are written (optional, for speed) | constexpr bool kScatterWritten = false;
+constexpr bool kScatterWritten = true;
+// END SOLUTION
+
+template <bool kTail>
+__device__ __forceinline__ void attend_step_scatter(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
+                                                    int64_t row_step, int left, int c,
+                                                    const float (&q)[kScatterHeads][8],
+                                                    float& m_own, float& l_own,
+                                                    float (&o)[kScatterHeads][8]) {
+  // BEGIN SOLUTION: loads as attend_step; the 16 partial dots (slot i: q slot i, head i ^ r); reduce-scatter at xor 4 (keep slots 0, 1), 2 (keep slot 0), 1 (keep keys 2 b0, 2 b0 + 1); the tail's -inf; head r's max over the 4 keys, base, correction, 2 p's, l_own; then per head i the correction and p's from lanes 2i, 2i + 1 of the group (__shfl_sync, width 8) into o
+  constexpr int kG = kScatterHeads, kU = kScatterUnroll, kKeysPerStep = 32 / kScatterLanes;
+  uint4 kr[kU], vr[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {  // every load first: kU * 32 bytes in flight per lane
+    const bool load = !kTail || u * kKeysPerStep < left;  // never past the context
+    kr[u] = load_or_zero(kj + u * row_step, load);
+    vr[u] = load_or_zero(vj + u * row_step, load);
+  }
+  // This lane's 8-term part of each score: s[i][u] = q (head i ^ r) . k (key u).
+  float s[kG][kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    float kf[8];
+    widen8(kr[u], kf);
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], kf[e], dot);
+      s[i][u] = dot;
+    }
+  }
+  // Level 1 (partner c ^ 4: head bit 1 flipped). Slots 0, 1 hold heads r, r ^ 1; the partner
+  // (r ^ 2) holds those two in its slots 2, 3 -- and wants our slots 2, 3.
+  float s1[2][kU];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      s1[i][u] = s[i][u] + __shfl_xor_sync(0xffffffffu, s[i + 2][u], 4);
+  // Level 2 (partner c ^ 2: head bit 0 flipped): keep head r (slot 0), send head r ^ 1.
+  float s2[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) s2[u] = s1[0][u] + __shfl_xor_sync(0xffffffffu, s1[1][u], 2);
+  // Level 3 (partner c ^ 1): lane b0 keeps keys 2 * b0, 2 * b0 + 1 and sends the other pair.
+  const bool b0 = c & 1;
+  float own[2];
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+    const float keep = b0 ? s2[t + 2] : s2[t], send = b0 ? s2[t] : s2[t + 2];
+    own[t] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+    if (kTail && (2 * b0 + t) * kKeysPerStep >= left) own[t] = -INFINITY;  // past the context
+  }
+  // Head r's online softmax: the max over the step's 4 keys (both lanes of the head), then as
+  // online_update, on 2 scores. All -inf so far (no key yet): base 0, so p = correction = 0.
+  float mx = fmaxf(own[0], own[1]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  const float m_new = fmaxf(m_own, mx);
+  const float base = m_new == -INFINITY ? 0.f : m_new;
+  const float correction = fast_exp2(m_own - base);
+  const float p0 = fast_exp2(own[0] - base), p1 = fast_exp2(own[1] - base);
+  l_own = fmaf(l_own, correction, p0 + p1);
+  m_own = m_new;
+  // Every lane rescales and accumulates o for all 4 heads: head i's correction and p's come
+  // from lanes 2i (keys 0, 1) and 2i + 1 (keys 2, 3) of the group.
+  float vf[kU][8];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) widen8(vr[u], vf[u]);
+#pragma unroll
+  for (int i = 0; i < kG; ++i) {
+    const float corr_i = __shfl_sync(0xffffffffu, correction, 2 * i, kScatterLanes);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[i][e] *= corr_i;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const float p = __shfl_sync(0xffffffffu, u % 2 ? p1 : p0, 2 * i + u / 2, kScatterLanes);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[i][e] = fmaf(p, vf[u][e], o[i][e]);
+    }
+  }
+  // END SOLUTION
+}
+
+// After attend_step_scatter's loop: every lane's (m, l) of all kScatterHeads heads, as
+// attend_step leaves them (l over the lane group's keys), for the merges that follow.
+__device__ __forceinline__ void scatter_state(float m_own, float l_own, float (&m)[kScatterHeads],
+                                              float (&l)[kScatterHeads]) {
+  // BEGIN SOLUTION: l_own plus the partner's (xor 1: the other key pair); head i's m and l from lane 2i of the group
+  const float l_pair = l_own + __shfl_xor_sync(0xffffffffu, l_own, 1);  // both key pairs
+#pragma unroll
+  for (int i = 0; i < kScatterHeads; ++i) {
+    m[i] = __shfl_sync(0xffffffffu, m_own, 2 * i, kScatterLanes);
+    l[i] = __shfl_sync(0xffffffffu, l_pair, 2 * i, kScatterLanes);
+  }
   // END SOLUTION
 }
 
@@ -133,6 +303,9 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&o)[8], f
 template <int kD, int kG>
 __global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Params p) {
   constexpr int kU = unroll(kG);
+  // the hot case sums its scores by reduce-scatter (attend_step_scatter), once it is written
+  constexpr bool kScatter = kScatterWritten && kD == 8 * kScatterLanes && kG == kScatterHeads &&
+                            kU == kScatterUnroll;
   const int d = kD ? kD : p.head_dim;
   const int chunks = d / 8;  // 16-byte pieces of one head's row
   int lanes = kD ? kD / 8 : 1;  // lanes per key: chunks rounded up to a power of two
@@ -142,7 +315,7 @@ __global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Param
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int key_in_step = lane / lanes;  // which of those keys this lane reads
   const int c = lane % lanes;            // which 16-byte chunk of it
-  const bool has_chunk = c < chunks;
+  const bool has_chunk = kD != 0 || c < chunks;  // with kD, every lane has one
 
   const int b = blockIdx.x;
   // BEGIN SOLUTION: this block's KV head, its first query head h0 and how many it computes (n_here) | const int kv_head = 0, h0 = 0, n_here = 0;
@@ -169,8 +342,10 @@ __global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Param
 #pragma unroll
   for (int i = 0; i < kG; ++i) {
     // heads past the group and lanes past the head's end hold zeros
-    const __nv_bfloat16* src = p.q + b * p.q_stride + static_cast<int64_t>(h0 + i) * d + c * 8;
-    widen8(load_or_zero(src, i < n_here && has_chunk), q[i]);
+    // (the scatter path's lane c holds head i ^ r in slot i, r = c / 2: attend_step_scatter)
+    const int h = kScatter ? i ^ (c >> 1) : i;
+    const __nv_bfloat16* src = p.q + b * p.q_stride + static_cast<int64_t>(h0 + h) * d + c * 8;
+    widen8(load_or_zero(src, h < n_here && has_chunk), q[i]);
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[i][e] *= p.scale_log2;
   }
@@ -194,38 +369,29 @@ __global__ void __launch_bounds__(max_threads(kG)) decode_attention_kernel(Param
 
   // Warp w takes steps w, w + warps, ...; a step is kU * keys_per_step consecutive keys, and
   // this lane reads keys j0 + u * keys_per_step + key_in_step. The loop bound is the same for
-  // every lane of a warp, so all 32 lanes reach each shuffle together.
+  // every lane of a warp, so all 32 lanes reach each shuffle together. Every step before the
+  // one that holds key len - 1 is whole; that one (at most one warp has it) is the tail.
   const int step = kU * keys_per_step;
-  // BEGIN SOLUTION: per step: kU K and V loads (zeros past len), dot products, group sums, -inf past len, online_update per head
-  for (int j0 = warp * step; j0 < len; j0 += warps * step) {
-    uint4 kr[kU], vr[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {  // every load first: kU * 32 bytes in flight per lane
-      const int j = j0 + u * keys_per_step + key_in_step;
-      const bool load = j < len && has_chunk;  // never past the context: those rows are garbage
-      kr[u] = load_or_zero(kp + j * key_stride, load);
-      vr[u] = load_or_zero(vp + j * key_stride, load);
-    }
-    float s[kG][kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float kf[8];
-      widen8(kr[u], kf);
-      const bool valid = j0 + u * keys_per_step + key_in_step < len;
-#pragma unroll
-      for (int i = 0; i < kG; ++i) {
-        float dot = 0.f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], kf[e], dot);
-        dot = group_sum(dot, lanes);  // every lane of the group holds the whole score
-        s[i][u] = valid ? dot : -INFINITY;
-      }
-    }
-    float vf[kU][8];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) widen8(vr[u], vf[u]);
-#pragma unroll
-    for (int i = 0; i < kG; ++i) online_update<kU>(m[i], l[i], o[i], s[i], vf);
+  // BEGIN SOLUTION: pointers to this lane's first key, stepped by warps * step rows; attend_step on the whole steps, then <kTail = true> on the one holding the end (if this warp has it). Optional, for speed: when kScatter, attend_step_scatter in their place, then scatter_state
+  const int64_t row_step = static_cast<int64_t>(keys_per_step) * key_stride;  // key u to u + 1
+  const int64_t warp_step = static_cast<int64_t>(warps) * step * key_stride;  // to the next step
+  int j0 = warp * step;
+  const int64_t lane_first = static_cast<int64_t>(j0 + key_in_step) * key_stride;
+  const __nv_bfloat16* kj = kp + lane_first;
+  const __nv_bfloat16* vj = vp + lane_first;
+  if constexpr (kScatter) {
+    float m_own = -INFINITY, l_own = 0.f;  // head c / 2's, over this lane's key pair
+    for (; j0 + step <= len; j0 += warps * step, kj += warp_step, vj += warp_step)
+      attend_step_scatter<false>(kj, vj, row_step, 0, c, q, m_own, l_own, o);
+    if (j0 < len)
+      attend_step_scatter<true>(kj, vj, row_step, len - j0 - key_in_step, c, q, m_own, l_own, o);
+    scatter_state(m_own, l_own, m, l);
+  } else {
+    for (; j0 + step <= len; j0 += warps * step, kj += warp_step, vj += warp_step)
+      attend_step<kU, kG, false>(kj, vj, row_step, has_chunk, 0, keys_per_step, lanes, q, m, l, o);
+    if (j0 < len)
+      attend_step<kU, kG, true>(kj, vj, row_step, has_chunk, len - j0 - key_in_step,
+                                keys_per_step, lanes, q, m, l, o);
   }
   // END SOLUTION
 

@@ -47,6 +47,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "exp2.cuh"
 #include "mma.cuh"
 #include "swizzle.cuh"
 #include "tvllm.h"
@@ -84,14 +85,7 @@ struct Smem {
   static constexpr int kThreads = 2 * kM;                     // 32 per 16 rows
 };
 
-// ---------------------------------------------------------------- PTX wrappers (given)
-
-// 2^x in one instruction (MUFU.EX2); exp2(-inf) = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// ---------------------------------------------------------------- the tile loader (given)
 
 // Rows [row0, row0 + kRows) of one head -- `src` points at row 0 of this sequence and head --
 // into shared memory (swizzled) with 16-byte cp.async, spread over the block. Rows at or

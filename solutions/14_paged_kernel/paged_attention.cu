@@ -56,6 +56,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "exp2.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "rope.cuh"
@@ -131,7 +132,7 @@ struct Running {
     // BEGIN SOLUTION: both to the larger max, then add (a state with no key weighs 0)
     const float top = fmaxf(m, m2);
     const float ref = top == -INFINITY ? 0.f : top;
-    const float wa = exp2f(m - ref), wb = exp2f(m2 - ref);
+    const float wa = fast_exp2(m - ref), wb = fast_exp2(m2 - ref);
 #pragma unroll
     for (int e = 0; e < N; ++e) o[e] = fmaf(o[e], wa, o2[e] * wb);
     l = fmaf(l, wa, l2 * wb);
@@ -200,13 +201,13 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     // Nothing seen yet: mx = -inf, and -inf - -inf would be NaN; any finite base gives 0s.
     const float base = mx == -INFINITY ? 0.f : mx;
-    const float alpha = exp2f(m[r] - base);
+    const float alpha = fast_exp2(m[r] - base);
     m[r] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[j][2 * r] = exp2f(s[j][2 * r] - base);
-      s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - base);
+      s[j][2 * r] = fast_exp2(s[j][2 * r] - base);
+      s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - base);
       sum += s[j][2 * r] + s[j][2 * r + 1];
     }
     l[r] = l[r] * alpha + sum;
@@ -301,7 +302,7 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
     for (int r = 1; r < rows; ++r) top = fmaxf(top, s_m[r * units + u]);
     float sum = 0.f, total = 0.f;
     for (int r = 0; r < rows; ++r) {
-      const float w = exp2f(s_m[r * units + u] - top);
+      const float w = fast_exp2(s_m[r * units + u] - top);
       sum = fmaf(s_acc[(r * units + u) * 4 + e % 4], w, sum);
       total = fmaf(s_l[r * units + u], w, total);
     }

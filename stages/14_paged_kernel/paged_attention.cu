@@ -56,6 +56,7 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "exp2.cuh"
 #include "mma.cuh"
 #include "pdl.cuh"
 #include "rope.cuh"

@@ -21,33 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-# Helpers written in inline PTX inside a kernel file, and their host bodies.
-BODIES = {
-    "fast_exp2": "{ return exp2f(x); }",
-}
-
-
-def _replace_body(src: str, name: str, body: str) -> str:
-    m = re.search(r"__device__ __forceinline__ [\w:<> ]+?\b" + name + r"\s*\(", src)
-    if not m:
-        return src
-    start = src.index("{", m.end())
-    depth, end = 0, start
-    while True:
-        depth += {"{": 1, "}": -1}.get(src[end], 0)
-        if depth == 0:
-            break
-        end += 1
-    # the lines it spanned stay (blank), so that compiler messages keep the file's line numbers
-    return src[:start] + body + "\n" * src[start:end + 1].count("\n") + src[end + 1:]
-
-
 def preprocess(src: str) -> str:
-    """The kernel file as host C++: PTX helpers replaced, dynamic shared memory from the
-    emulator, <<<...>>> launches through it. EDG (nvcc) accepts `x.f<N>(...)` on an array
-    element of a dependent type where g++ needs `x.template f<N>(...)`."""
-    for name, body in BODIES.items():
-        src = _replace_body(src, name, body)
+    """The kernel file as host C++: dynamic shared memory from the emulator, <<<...>>>
+    launches through it. EDG (nvcc) accepts `x.f<N>(...)` on an array element of a dependent
+    type where g++ needs `x.template f<N>(...)`."""
     src = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?(\w+) (\w+)\[\];",
                  r"\1* \2 = reinterpret_cast<\1*>(emu::g.dyn_smem.data());", src)
     src = re.sub(r"([\w:]+(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);",

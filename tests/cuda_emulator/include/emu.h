@@ -1,6 +1,6 @@
 // A CPU emulator for the course's CUDA kernels: the kernel source is compiled by g++ and run
 // on the host, block after block, each thread a ucontext fiber. Warp collectives
-// (__shfl_xor_sync, __syncwarp, ldmatrix, mma.sync) and block barrier are rendezvous points
+// (__shfl_xor_sync, __shfl_sync, __syncwarp, ldmatrix, mma.sync) and block barrier are rendezvous points
 // where the fibers of the warp (block) meet; the scheduler runs fibers round-robin.
 //
 // What it checks: the kernel's logic -- indexing, masks, fragment layouts, the split-K protocol,
@@ -226,6 +226,19 @@ T shfl_xor(T v, int delta) {
   warp_barrier();
   return r;
 }
+// __shfl_sync: lane src of each aligned group of `width` lanes, to every lane of the group.
+template <typename T>
+T shfl(T v, int src, int width = 32) {
+  static_assert(sizeof(T) <= 8, "");
+  auto& mine = g.xbuf[idx(*g.cur)];
+  std::memcpy(&mine[0], &v, sizeof(T));
+  warp_barrier();
+  const int base = g.cur->lane / width * width;
+  T r;
+  std::memcpy(&r, &g.xbuf[idx(lane_thread(base + src % width))][0], sizeof(T));
+  warp_barrier();
+  return r;
+}
 inline void syncwarp() { warp_barrier(); }
 inline int syncthreads_or(int p) {
   if (g.block_arrived == 0) g.block_or = 0;
@@ -301,6 +314,7 @@ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 }  // namespace emu
 
 #define __shfl_xor_sync(mask, v, d) emu::shfl_xor(v, d)
+#define __shfl_sync(mask, ...) emu::shfl(__VA_ARGS__)
 #define __syncwarp(...) emu::syncwarp()
 #define __syncthreads() emu::block_barrier()
 #define __syncthreads_or(p) emu::syncthreads_or(p)

@@ -17,10 +17,3 @@ inline uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&two);
 }
-
-// One register of two bf16 -> two floats (x: the low half, the lower column).
-inline float2 unpack_bf16(uint32_t r) {
-  __nv_bfloat162 two;
-  memcpy(&two, &r, sizeof(two));
-  return __bfloat1622float2(two);
-}
