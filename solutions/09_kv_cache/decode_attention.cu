@@ -137,26 +137,29 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&o)[8], f
   // END SOLUTION
 }
 
-// One warp step of this lane: its kU keys (key u: k at kj + u * row_step, v at vj + the same),
-// their scores against the kG query heads, and each head's online_update. kTail: the step
-// holds the context's end, and key u exists only when u * keys_per_step < left (left: keys
-// from this lane's first key to the end); the others are not loaded (zeros) and score -inf.
-// Whole steps (kTail false) test nothing.
-template <int kU, int kG, bool kTail>
-__device__ __forceinline__ void attend_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
-                                            int64_t row_step, bool has_chunk, int left,
-                                            int keys_per_step, int lanes,
-                                            const float (&q)[kG][8], float (&m)[kG],
-                                            float (&l)[kG], float (&o)[kG][8]) {
-  // BEGIN SOLUTION: kU K and V loads first (zeros for keys that do not exist), dot products, group sums, -inf for keys that do not exist, online_update per head
-  uint4 kr[kU], vr[kU];
+// This lane's kU keys of a step, as raw bits: key u's 16 bytes of K at kj + u * row_step, of
+// V at vj + the same. kTail: the step holds the context's end, and key u exists only when
+// u * keys_per_step < left (left: keys from this lane's first key to the end); keys that do
+// not exist, and lanes past the head's end (no chunk), load zeros and touch no memory.
+template <int kU, bool kTail>
+__device__ __forceinline__ void load_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
+                                          int64_t row_step, bool has_chunk, int left,
+                                          int keys_per_step, uint4 (&kr)[kU], uint4 (&vr)[kU]) {
+  // BEGIN SOLUTION: every load first (kU * 32 bytes in flight per lane), load_or_zero where the key exists
 #pragma unroll
-  for (int u = 0; u < kU; ++u) {  // every load first: kU * 32 bytes in flight per lane
+  for (int u = 0; u < kU; ++u) {
     const bool load = has_chunk && (!kTail || u * keys_per_step < left);
     kr[u] = load_or_zero(kj + u * row_step, load);
     vr[u] = load_or_zero(vj + u * row_step, load);
   }
-  float s[kG][kU];
+  // END SOLUTION
+}
+
+// This lane's share of each score: part[i][u] = q[i] . (key u), over the lane's 8 dims.
+template <int kU, int kG>
+__device__ __forceinline__ void partial_scores(const uint4 (&kr)[kU], const float (&q)[kG][8],
+                                               float (&part)[kG][kU]) {
+  // BEGIN SOLUTION: widen8 each key, 8 FMAs per head
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     float kf[8];
@@ -166,10 +169,33 @@ __device__ __forceinline__ void attend_step(const __nv_bfloat16* kj, const __nv_
       float dot = 0.f;
 #pragma unroll
       for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], kf[e], dot);
-      dot = group_sum(dot, lanes);  // every lane of the group holds the whole score
-      s[i][u] = !kTail || u * keys_per_step < left ? dot : -INFINITY;
+      part[i][u] = dot;
     }
   }
+  // END SOLUTION
+}
+
+// One warp step of this lane: its kU keys (load_step), their scores against the kG query
+// heads, and each head's online_update. Keys that do not exist (kTail, as load_step) score
+// -inf. Whole steps (kTail false) test nothing.
+template <int kU, int kG, bool kTail>
+__device__ __forceinline__ void attend_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
+                                            int64_t row_step, bool has_chunk, int left,
+                                            int keys_per_step, int lanes,
+                                            const float (&q)[kG][8], float (&m)[kG],
+                                            float (&l)[kG], float (&o)[kG][8]) {
+  // BEGIN SOLUTION: load_step, partial_scores, group_sum each score (-inf where the key does not exist), online_update per head
+  uint4 kr[kU], vr[kU];
+  load_step<kU, kTail>(kj, vj, row_step, has_chunk, left, keys_per_step, kr, vr);
+  float s[kG][kU];
+  partial_scores<kU, kG>(kr, q, s);
+#pragma unroll
+  for (int u = 0; u < kU; ++u)
+#pragma unroll
+    for (int i = 0; i < kG; ++i) {
+      const float dot = group_sum(s[i][u], lanes);  // every lane of the group holds the score
+      s[i][u] = !kTail || u * keys_per_step < left ? dot : -INFINITY;
+    }
   float vf[kU][8];
 #pragma unroll
   for (int u = 0; u < kU; ++u) widen8(vr[u], vf[u]);
@@ -210,29 +236,12 @@ __device__ __forceinline__ void attend_step_scatter(const __nv_bfloat16* kj, con
                                                     const float (&q)[kScatterHeads][8],
                                                     float& m_own, float& l_own,
                                                     float (&o)[kScatterHeads][8]) {
-  // BEGIN SOLUTION: loads as attend_step; the 16 partial dots (slot i: q slot i, head i ^ r); reduce-scatter at xor 4 (keep slots 0, 1), 2 (keep slot 0), 1 (keep keys 2 b0, 2 b0 + 1); the tail's -inf; head r's max over the 4 keys, base, correction, 2 p's, l_own; then per head i the correction and p's from lanes 2i, 2i + 1 of the group (__shfl_sync, width 8) into o
+  // BEGIN SOLUTION: load_step and partial_scores (slot i: head i ^ r); reduce-scatter at xor 4 (keep slots 0, 1), 2 (keep slot 0), 1 (keep keys 2 b0, 2 b0 + 1); the tail's -inf; head r's max over the 4 keys, base, correction, 2 p's, l_own; then per head i the correction and p's from lanes 2i, 2i + 1 of the group (__shfl_sync, width 8) into o
   constexpr int kG = kScatterHeads, kU = kScatterUnroll, kKeysPerStep = 32 / kScatterLanes;
   uint4 kr[kU], vr[kU];
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {  // every load first: kU * 32 bytes in flight per lane
-    const bool load = !kTail || u * kKeysPerStep < left;  // never past the context
-    kr[u] = load_or_zero(kj + u * row_step, load);
-    vr[u] = load_or_zero(vj + u * row_step, load);
-  }
-  // This lane's 8-term part of each score: s[i][u] = q (head i ^ r) . k (key u).
-  float s[kG][kU];
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    float kf[8];
-    widen8(kr[u], kf);
-#pragma unroll
-    for (int i = 0; i < kG; ++i) {
-      float dot = 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], kf[e], dot);
-      s[i][u] = dot;
-    }
-  }
+  load_step<kU, kTail>(kj, vj, row_step, true, left, kKeysPerStep, kr, vr);
+  float s[kG][kU];  // this lane's 8-term part of each score: s[i][u] = q (head i ^ r) . k (key u)
+  partial_scores<kU, kG>(kr, q, s);
   // Level 1 (partner c ^ 4: head bit 1 flipped). Slots 0, 1 hold heads r, r ^ 1; the partner
   // (r ^ 2) holds those two in its slots 2, 3 -- and wants our slots 2, 3.
   float s1[2][kU];

@@ -109,18 +109,34 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float (&o)[8], f
   // TODO stage 09: both states rescaled to the larger max (an all -inf state weighs 0) (about 7 lines)
 }
 
-// One warp step of this lane: its kU keys (key u: k at kj + u * row_step, v at vj + the same),
-// their scores against the kG query heads, and each head's online_update. kTail: the step
-// holds the context's end, and key u exists only when u * keys_per_step < left (left: keys
-// from this lane's first key to the end); the others are not loaded (zeros) and score -inf.
-// Whole steps (kTail false) test nothing.
+// This lane's kU keys of a step, as raw bits: key u's 16 bytes of K at kj + u * row_step, of
+// V at vj + the same. kTail: the step holds the context's end, and key u exists only when
+// u * keys_per_step < left (left: keys from this lane's first key to the end); keys that do
+// not exist, and lanes past the head's end (no chunk), load zeros and touch no memory.
+template <int kU, bool kTail>
+__device__ __forceinline__ void load_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
+                                          int64_t row_step, bool has_chunk, int left,
+                                          int keys_per_step, uint4 (&kr)[kU], uint4 (&vr)[kU]) {
+  // TODO stage 09: every load first (kU * 32 bytes in flight per lane), load_or_zero where the key exists (about 6 lines)
+}
+
+// This lane's share of each score: part[i][u] = q[i] . (key u), over the lane's 8 dims.
+template <int kU, int kG>
+__device__ __forceinline__ void partial_scores(const uint4 (&kr)[kU], const float (&q)[kG][8],
+                                               float (&part)[kG][kU]) {
+  // TODO stage 09: widen8 each key, 8 FMAs per head (about 12 lines)
+}
+
+// One warp step of this lane: its kU keys (load_step), their scores against the kG query
+// heads, and each head's online_update. Keys that do not exist (kTail, as load_step) score
+// -inf. Whole steps (kTail false) test nothing.
 template <int kU, int kG, bool kTail>
 __device__ __forceinline__ void attend_step(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
                                             int64_t row_step, bool has_chunk, int left,
                                             int keys_per_step, int lanes,
                                             const float (&q)[kG][8], float (&m)[kG],
                                             float (&l)[kG], float (&o)[kG][8]) {
-  // TODO stage 09: kU K and V loads first (zeros for keys that do not exist), dot products, group sums, -inf for keys that do not exist, online_update per head (about 26 lines)
+  // TODO stage 09: load_step, partial_scores, group_sum each score (-inf where the key does not exist), online_update per head (about 16 lines)
 }
 
 // The hot case (head_dim 64: 8 lanes per key; a group of 4 query heads; 4 keys per lane)
@@ -154,7 +170,7 @@ __device__ __forceinline__ void attend_step_scatter(const __nv_bfloat16* kj, con
                                                     const float (&q)[kScatterHeads][8],
                                                     float& m_own, float& l_own,
                                                     float (&o)[kScatterHeads][8]) {
-  // TODO stage 09: loads as attend_step; the 16 partial dots (slot i: q slot i, head i ^ r); reduce-scatter at xor 4 (keep slots 0, 1), 2 (keep slot 0), 1 (keep keys 2 b0, 2 b0 + 1); the tail's -inf; head r's max over the 4 keys, base, correction, 2 p's, l_own; then per head i the correction and p's from lanes 2i, 2i + 1 of the group (__shfl_sync, width 8) into o (about 70 lines)
+  // TODO stage 09: load_step and partial_scores (slot i: head i ^ r); reduce-scatter at xor 4 (keep slots 0, 1), 2 (keep slot 0), 1 (keep keys 2 b0, 2 b0 + 1); the tail's -inf; head r's max over the 4 keys, base, correction, 2 p's, l_own; then per head i the correction and p's from lanes 2i, 2i + 1 of the group (__shfl_sync, width 8) into o (about 53 lines)
 }
 
 // After attend_step_scatter's loop: every lane's (m, l) of all kScatterHeads heads, as
