@@ -76,7 +76,7 @@ struct Params {
 };
 
 // Shared memory, bf16: the Q tile [kM][d], then two K tiles and two V tiles [64][d], every
-// row's 16-byte chunks swizzled (mma.cuh's swizzled: ldmatrix reads 8 rows of 16 bytes at
+// row's 16-byte chunks swizzled (swizzle.cuh's swizzled: ldmatrix reads 8 rows of 16 bytes at
 // once, and unswizzled rows of 128 or 256 bytes would put all 8 in the same 4 banks).
 template <int kD, int kM>
 struct Smem {

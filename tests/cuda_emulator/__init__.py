@@ -4,9 +4,10 @@
     lib.emu_paged(...)          # SHIM: extern "C" functions that call the file's launcher
 
 The .cu file is compiled by g++ with include/emu.h first (threads as fibers, warp collectives
-as rendezvous: see its header for what is and is not emulated); its inline-PTX helpers are
-replaced by emulated ones (BODIES below; a header's wrappers by include/mma.cuh), the
-launches by include/pdl.cuh. The shim calls
+as rendezvous: see its header for what is and is not emulated). Inline PTX lives only in
+course/cuda's headers: include/mma.cuh stands in for the tensor-core wrappers, include/pdl.cuh
+for the launches, and the others take their plain C++ path off the GPU (no __CUDA_ARCH__).
+The shim calls
 `emu::clear_error()` first and returns `emu::error()` when a launch deadlocked. Used by
 tests/test_emulated_kernels.py (in CI, on the reference kernels) and by `python3 -m grader
 emulate NN` (on a student's); needs g++ and the CUDA headers (course.build finds them).
