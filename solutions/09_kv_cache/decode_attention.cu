@@ -27,10 +27,11 @@
 // Math is float32; softmax runs in base 2 (scale * log2 e is folded into q; fast_exp2 is one
 // instruction). Only the step that holds a context's end checks which keys exist: every
 // other step reads and scores all of its keys with no test (the loop runs at the edge of
-// the SM's instruction issue rate, so each instruction a key costs counts). A context length of 0 is a padding row: its output is zeros (its slot is not
-// looked at). A slot outside [0, num_slots) or a length outside [0, max_len] is never read:
-// that row's output is NaN (the kernel cannot raise, and the binding must not read device
-// memory, so that a decode step can be captured in a CUDA graph).
+// the SM's instruction issue rate, so each instruction a key costs counts). A context length
+// of 0 is a padding row: its output is zeros (its slot is not looked at). A slot outside
+// [0, num_slots) or a length outside [0, max_len] is never read: that row's output is NaN
+// (the kernel cannot raise, and the binding must not read device memory, so that a decode
+// step can be captured in a CUDA graph).
 // Reference: decode_attention.py (decode_attention_native). Run: nox -s grade -- 09
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -231,8 +232,9 @@ constexpr bool kScatterWritten = true;
 // END SOLUTION
 
 template <bool kTail>
-__device__ __forceinline__ void attend_step_scatter(const __nv_bfloat16* kj, const __nv_bfloat16* vj,
-                                                    int64_t row_step, int left, int c,
+__device__ __forceinline__ void attend_step_scatter(const __nv_bfloat16* kj,
+                                                    const __nv_bfloat16* vj, int64_t row_step,
+                                                    int left, int c,
                                                     const float (&q)[kScatterHeads][8],
                                                     float& m_own, float& l_own,
                                                     float (&o)[kScatterHeads][8]) {

@@ -1,7 +1,8 @@
 // A CPU emulator for the course's CUDA kernels: the kernel source is compiled by g++ and run
 // on the host, block after block, each thread a ucontext fiber. Warp collectives
-// (__shfl_xor_sync, __shfl_sync, __syncwarp, ldmatrix, mma.sync) and block barrier are rendezvous points
-// where the fibers of the warp (block) meet; the scheduler runs fibers round-robin.
+// (__shfl_xor_sync, __shfl_sync, __syncwarp, ldmatrix, mma.sync) and block barrier are
+// rendezvous points where the fibers of the warp (block) meet; the scheduler runs fibers
+// round-robin.
 //
 // What it checks: the kernel's logic -- indexing, masks, fragment layouts, the split-K protocol,
 // what every thread reads and writes -- against the native twins (tests/test_emulated_kernels.py).
