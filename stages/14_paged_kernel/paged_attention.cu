@@ -133,20 +133,23 @@ struct Running {
   }
 };
 
-// Shared memory of a block of head size kD: during the keys, each warp's ring of kStages
-// slots, a slot holding a step's 16 K rows then its 16 V rows of kD bf16, each row's chunks
-// swizzled (swizzled); at the end, the warps' states: o as [kWarps][kRows][kD] floats, then m
-// and l as [kWarps][kRows].
+// Ring slots per warp: kStages - 1 steps in flight. 2 at head_dim 64, 1 at 128 (chosen when
+// rows were padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
+// 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured). At head_dim 64 a grid
+// that is one full wave takes 1 (launch_dim: "One wave, one step in flight" in the lesson).
 template <int kD>
+constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
+
+// Shared memory of a block of head size kD with kStages ring slots a warp: during the keys,
+// each warp's ring, a slot holding a step's 16 K rows then its 16 V rows of kD bf16, each
+// row's chunks swizzled (swizzled); at the end, the warps' states: o as [kWarps][kRows][kD]
+// floats, then m and l as [kWarps][kRows].
+template <int kD, int kStages>
 struct Smem {
-  // Ring slots per warp: 2 steps in flight at head_dim 64, 1 at 128 (chosen when rows were
-  // padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
-  // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured).
-  static constexpr int kStages = kD <= 64 ? 3 : 2;
   static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64), 64 KB (128)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64, 3), 64 KB (128, 2)
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -268,14 +271,13 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
 // zeros in shared memory and in Q). kR: rows per lane holding query heads, 1 when a block has
 // at most 8 (row g) and 2 above (rows g and g + 8). kWholeSteps: block_size >= kStepKeys.
-template <int kD, int kR, bool kWholeSteps>
+template <int kD, int kR, bool kWholeSteps, int kStages>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
   // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
   // the block table and the position are step inputs that no kernel writes: they are read
   // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
   // kernel writes the new token); the caches, q and the new k, v only after it.
   allow_next_kernel_to_start();
-  constexpr int kStages = Smem<kD>::kStages;
   constexpr int kCopies = kStepKeys * (kD / 8) / 32;  // 16-byte pieces of K (and V) per lane
   const int d = kD == 64 ? 64 : p.head_dim;
   const int pieces = d / 8;
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
   extern __shared__ __align__(1024) uint4 smem[];  // aligned: step_scores' XOR addressing
-  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD>::kSlot);
+  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD, kStages>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
   // Issue this lane's copies of its step i into `slot`: K row r as row r of the slot, V row r
@@ -393,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   for (int x = 0; x < kCopies; ++x) swz[x] = swizzled<kD>(row0 + x * kRowsPerCopy, piece);
   auto fetch = [&](int i, const int (&blk)[kCopies], int slot) {
     if (i >= my_steps) return;  // the same for the whole warp
-    __nv_bfloat16* dst = ring + slot * Smem<kD>::kSlot;
+    __nv_bfloat16* dst = ring + slot * Smem<kD, kStages>::kSlot;
     const int j0 = first_key(i);
     // TODO stage 14: per x: the key j0 + row0 + x * kRowsPerCopy, its row in its block (j & (block_size - 1)), the element offset, copy16 of K and V (to swz[x] and kStepKeys * kD + swz[x] in the slot); keys past k_end, pieces past d and blocks outside the pool are not read (zeros) and the last set bad_block. That loop serves every block size; optional, for speed: with kWholeSteps the step's one block and its first row's offset, each copy kRowsPerCopy rows further (about 30 lines)
   };
@@ -416,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
     fetch(i + kStages - 1, blk, write);
     copies_commit();             // one group per step, empty or not: the count stays right
     lookup(i + kStages, blk);    // in flight during the compute; used by the next fetch
-    const __nv_bfloat16* ks = ring + read * Smem<kD>::kSlot;
+    const __nv_bfloat16* ks = ring + read * Smem<kD, kStages>::kSlot;
     read = read + 1 == kStages ? 0 : read + 1;
     write = write + 1 == kStages ? 0 : write + 1;
     float s[2][4];
@@ -475,20 +477,38 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   // TODO stage 14: __threadfence and __syncthreads; thread 0: atomicAdd 1 to the ticket of (b, blockIdx.y) (p.tickets[b * gridDim.y + blockIdx.y]); the block that drew used - 1 is the last: it resets the ticket to 0 (every other block of the launch has taken its own) and says so in s_last; __syncthreads; the others return; the last: __threadfence (it reads what the others wrote), then merge_partitions over shared memory (about 11 lines)
 }
 
-template <int kD, int kR, bool kWholeSteps>
+template <int kD, int kR, bool kWholeSteps, int kStages>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)
-  return "TODO stage 14: opt in to Smem<kD>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)";
+  // TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)
+  return "TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of
 // at least kStepKeys rows hold whole steps (steps start at multiples of 16 keys): one table
 // entry per step, and a lane's rows kRowsPerCopy rows apart in memory.
+template <int kD, int kStages>
+tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
+  if (p.block_size >= kStepKeys)
+    return p.group > 8 ? launch<kD, 2, true, kStages>(p, batch, stream)
+                       : launch<kD, 1, true, kStages>(p, batch, stream);
+  return p.group > 8 ? launch<kD, 2, false, kStages>(p, batch, stream)
+                     : launch<kD, 1, false, kStages>(p, batch, stream);
+}
+
+// One wave, one step in flight: at head_dim 64 an SM holds 4 blocks of the 3-slot kernel (its
+// 48 KB of shared memory); when the grid is between 3 and 4 blocks an SM, every SM streams
+// with 12 to 16 warps from the first key to the last, and two steps in flight a warp ask the
+// memory system for more than it serves well: one step a warp read batch 64 x 1024 3% faster
+// on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
+// 1) were 3-5% slower with it (lesson 14).
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
-  if (p.block_size >= kStepKeys)
-    return p.group > 8 ? launch<kD, 2, true>(p, batch, stream) : launch<kD, 1, true>(p, batch, stream);
-  return p.group > 8 ? launch<kD, 2, false>(p, batch, stream) : launch<kD, 1, false>(p, batch, stream);
+  if constexpr (kD == 64) {
+    const int64_t sms = tvllm_sm_count();
+    const int64_t blocks = static_cast<int64_t>(batch) * p.partitions * p.n_kv_heads * p.head_chunks;
+    if (sms > 0 && 3 * sms <= blocks && blocks <= 4 * sms) return launch_rows<kD, 2>(p, batch, stream);
+  }
+  return launch_rows<kD, kDefaultStages<kD>>(p, batch, stream);
 }
 
 }  // namespace
