@@ -149,7 +149,7 @@ struct Smem {
   static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64, 3), 64 KB (128, 2)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64, 3), 64 (128, 2)
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -271,6 +271,7 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
 // kD: 64, or 128 for every other head_dim up to 128 (p.head_dim: its dims past head_dim are
 // zeros in shared memory and in Q). kR: rows per lane holding query heads, 1 when a block has
 // at most 8 (row g) and 2 above (rows g and g + 8). kWholeSteps: block_size >= kStepKeys.
+// kStages: ring slots a warp (Smem; launch_dim picks them).
 template <int kD, int kR, bool kWholeSteps, int kStages>
 __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
   // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
@@ -382,7 +383,8 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
   for (int r = 0; r < kR; ++r) m[r] = -INFINITY, l[r] = 0.f;
 
   extern __shared__ __align__(1024) uint4 smem[];  // aligned: step_scores' XOR addressing
-  __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD, kStages>::kSlot);
+  __nv_bfloat16* ring =
+      reinterpret_cast<__nv_bfloat16*>(smem) + warp * (kStages * Smem<kD, kStages>::kSlot);
   bool bad_block = false;  // a block number outside the pool: this row will be NaN
 
   // Issue this lane's copies of its step i into `slot`: K row r as row r of the slot, V row r
@@ -479,8 +481,8 @@ __global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_ke
 
 template <int kD, int kR, bool kWholeSteps, int kStages>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)
-  return "TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 12 lines)";
+  // TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 13 lines)
+  return "TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 13 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of
@@ -505,8 +507,10 @@ template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
   if constexpr (kD == 64) {
     const int64_t sms = tvllm_sm_count();
-    const int64_t blocks = static_cast<int64_t>(batch) * p.partitions * p.n_kv_heads * p.head_chunks;
-    if (sms > 0 && 3 * sms <= blocks && blocks <= 4 * sms) return launch_rows<kD, 2>(p, batch, stream);
+    const int64_t blocks =
+        static_cast<int64_t>(batch) * p.partitions * p.n_kv_heads * p.head_chunks;
+    if (sms > 0 && 3 * sms <= blocks && blocks <= 4 * sms)
+      return launch_rows<kD, 2>(p, batch, stream);
   }
   return launch_rows<kD, kDefaultStages<kD>>(p, batch, stream);
 }
