@@ -109,7 +109,7 @@ __device__ __forceinline__ void online_update(float& m, float& l, float (&o)[8],
 #pragma unroll
   for (int u = 0; u < kU; ++u) m_new = fmaxf(m_new, s[u]);
   const float base = m_new == -INFINITY ? 0.f : m_new;  // no key yet: every p below is 0
-  const float correction = fast_exp2(m - base);              // exp2(-inf) = 0 on the first key
+  const float correction = fast_exp2(m - base);          // exp2(-inf) = 0 on the first key
   l *= correction;
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] *= correction;

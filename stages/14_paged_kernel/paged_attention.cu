@@ -140,6 +140,11 @@ struct Running {
 template <int kD>
 constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
 
+// Blocks an SM holds (the kernel's launch bound): at head_dim 64 what 48 KB of shared memory a
+// block (kDefaultStages) allows, and the registers that bound leaves each thread.
+template <int kD>
+constexpr int kBlocksPerSm = kD == 64 ? 4 : 2;
+
 // Shared memory of a block of head size kD with kStages ring slots a warp: during the keys,
 // each warp's ring, a slot holding a step's 16 K rows then its 16 V rows of kD bf16, each
 // row's chunks swizzled (swizzled); at the end, the warps' states: o as [kWarps][kRows][kD]
@@ -273,7 +278,7 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
 // at most 8 (row g) and 2 above (rows g and g + 8). kWholeSteps: block_size >= kStepKeys.
 // kStages: ring slots a warp (Smem; launch_dim picks them).
 template <int kD, int kR, bool kWholeSteps, int kStages>
-__global__ void __launch_bounds__(kThreads, kD == 64 ? 4 : 2) paged_attention_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_kernel(Params p) {
   // Launched early (pdl.cuh): the o_proj GEMV that follows may start now. The context length,
   // the block table and the position are step inputs that no kernel writes: they are read
   // before the wait below, behind the kernel before (the cache write, or the QKV GEMV when this
@@ -497,8 +502,8 @@ tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
                      : launch<kD, 1, false, kStages>(p, batch, stream);
 }
 
-// One wave, one step in flight: at head_dim 64 an SM holds 4 blocks of the 3-slot kernel (its
-// 48 KB of shared memory); when the grid is between 3 and 4 blocks an SM, every SM streams
+// One wave, one step in flight: at head_dim 64 an SM holds kBlocksPerSm (4) blocks of the
+// 3-slot kernel; when the grid is between 3 and 4 blocks an SM, every SM streams
 // with 12 to 16 warps from the first key to the last, and two steps in flight a warp ask the
 // memory system for more than it serves well: one step a warp read batch 64 x 1024 3% faster
 // on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
@@ -509,7 +514,7 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
     const int64_t sms = tvllm_sm_count();
     const int64_t blocks =
         static_cast<int64_t>(batch) * p.partitions * p.n_kv_heads * p.head_chunks;
-    if (sms > 0 && 3 * sms <= blocks && blocks <= 4 * sms)
+    if (sms > 0 && (kBlocksPerSm<kD> - 1) * sms <= blocks && blocks <= kBlocksPerSm<kD> * sms)
       return launch_rows<kD, 2>(p, batch, stream);
   }
   return launch_rows<kD, kDefaultStages<kD>>(p, batch, stream);

@@ -216,29 +216,24 @@ cudaError_t launch_stream(void (*kernel)(Params...), dim3 grid, dim3 block, size
   return launch(kernel, grid, block, smem, args...);
 }
 
+// Every lane of the warp puts v in, then reads what lane `from` put in (the shuffles below).
 template <typename T>
-T shfl_xor(T v, int delta) {
+T exchange(T v, int from) {
   static_assert(sizeof(T) <= 8, "");
   auto& mine = g.xbuf[idx(*g.cur)];
   std::memcpy(&mine[0], &v, sizeof(T));
   warp_barrier();
   T r;
-  std::memcpy(&r, &g.xbuf[idx(lane_thread(g.cur->lane ^ delta))][0], sizeof(T));
+  std::memcpy(&r, &g.xbuf[idx(lane_thread(from))][0], sizeof(T));
   warp_barrier();
   return r;
 }
+template <typename T>
+T shfl_xor(T v, int delta) { return exchange(v, g.cur->lane ^ delta); }
 // __shfl_sync: lane src of each aligned group of `width` lanes, to every lane of the group.
 template <typename T>
 T shfl(T v, int src, int width = 32) {
-  static_assert(sizeof(T) <= 8, "");
-  auto& mine = g.xbuf[idx(*g.cur)];
-  std::memcpy(&mine[0], &v, sizeof(T));
-  warp_barrier();
-  const int base = g.cur->lane / width * width;
-  T r;
-  std::memcpy(&r, &g.xbuf[idx(lane_thread(base + src % width))][0], sizeof(T));
-  warp_barrier();
-  return r;
+  return exchange(v, g.cur->lane / width * width + src % width);
 }
 inline void syncwarp() { warp_barrier(); }
 inline int syncthreads_or(int p) {
