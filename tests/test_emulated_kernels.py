@@ -132,8 +132,8 @@ PAGED_CASES = {
     "fused-qkv": (2, 9, 3, 64, [40, 50], {"extra_stride": 2 * 3 * 64}),
     "new-token": (3, 32, 8, 64, [37, 1, 0], {"new": True}),
     "new-token-split": (2, 32, 8, 64, [300, 17], {"new": True, "partition_keys": 64}),
-    # the new key in a step copied before the wait (written into the ring) or in a later one
-    # (stored, then copied back): 37 and 50 the first, 200 (64) and 100 (128) the second
+    # the new key in a step the pipeline's prologue copies (37 here, 50 in the d128 case) or in
+    # one copied inside its loop (200 here, 100 there): stored, then copied back, either way
     "new-token-late-step": (2, 32, 8, 64, [200, 37], {"new": True}),
     "new-token-d128-group-24": (2, 48, 2, 128, [50, 100], {"new": True}),
     "new-token-bad-position": (2, 32, 8, 64, [40, 50], {"new": True, "bad_position": 1}),
