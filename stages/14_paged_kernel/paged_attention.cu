@@ -218,12 +218,16 @@ __device__ void merge_partitions(const Params& p, int b, int h0, int n_here, int
 // The new token's key and value, when the attention kernel writes them (p.k_new), at element
 // `at` of the caches (at < 0: a block outside the pool, nothing is stored; the kernel's fetch
 // marks the row NaN). The warp's lanes take stage 05's pairs (x[i], x[i + d/2]) of k, i = lane,
-// lane + 32, ..., and v's 16-byte pieces: any even head_dim d (a multiple of 8).
+// lane + 32, ..., and v's 16-byte pieces, lane * 8 (d <= 256): any even head_dim d (a multiple
+// of 8). v is read before k's stores: the compiler may not move a read past a store that could
+// alias it, and each read is a trip to the L2 on the step's critical path.
 __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_head, int lane,
                                                 int d, bool bad_pos, const float* s_rope,
                                                 int64_t at) {
   const int half = d / 2;
   const int64_t row = static_cast<int64_t>(b) * p.new_stride + static_cast<int64_t>(kv_head) * d;
+  const bool v_lane = lane * 8 < d;
+  const BF8 v = v_lane ? *reinterpret_cast<const BF8*>(p.v_new + row + lane * 8) : BF8{};
   for (int i = lane; i < half; i += 32) {
     float x1 = to_float(p.k_new[row + i]), x2 = to_float(p.k_new[row + half + i]);
     rotate_pair(x1, x2, s_rope[i], s_rope[half + i]);
@@ -233,20 +237,42 @@ __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_h
       p.k[at + half + i] = from_float<__nv_bfloat16>(x2);
     }
   }
-  for (int i = lane * 8; i < d && at >= 0; i += 32 * 8)
-    *reinterpret_cast<BF8*>(p.v + at + i) = *reinterpret_cast<const BF8*>(p.v_new + row + i);
+  if (v_lane && at >= 0) *reinterpret_cast<BF8*>(p.v + at + lane * 8) = v;
 }
 
 // q as given, rotated in its A fragments (p.k_new): this lane's dims c = 16kk + 2t (+1, +8,
 // +9) of rows g and g + 8 (those that hold a head and lie within d); stage 05 pairs dim c with
-// c + d/2 (or c - d/2), which sits in another fragment, or another lane, so the partner's two
-// values are read again from q (where this lane read its own). A position outside the table:
-// NaN.
+// c + d/2 (or c - d/2). When d is the kernel's kD, that is the same lane's fragment kk + kD/32
+// (d/2 = 16 (kD/32)): each pair is rotated from registers. Otherwise it sits in another
+// fragment, or another lane, so the partner's two values are read again from q (where this
+// lane read its own). A position outside the table: NaN.
 template <int kD>
 __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
                                          const __nv_bfloat16* q_rows, int n_here, int d,
                                          const float* s_rope, int g, int t, bool bad_pos) {
   const int half = d / 2;
+  if (d == kD) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 32; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = g + (r % 2 ? 8 : 0), i = 16 * kk + 2 * t + (r >= 2 ? 8 : 0);
+        if (row >= n_here) continue;  // zeros stay zeros
+        uint32_t &lo = qf[kk][r], &hi = qf[kk + kD / 32][r];  // dims i, i + 1 and i + d/2, +1
+        if (bad_pos) {
+          lo = hi = 0x7fc07fc0u;  // two bf16 NaNs each
+          continue;
+        }
+        const float2 x = unpack_bf16(lo), y = unpack_bf16(hi);
+        float a1 = x.x, a2 = y.x, b1 = x.y, b2 = y.y;
+        rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
+        rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
+        lo = pack_bf16(a1, b1);
+        hi = pack_bf16(a2, b2);
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
 #pragma unroll
