@@ -242,10 +242,11 @@ __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_h
 
 // q as given, rotated in its A fragments (p.k_new): this lane's dims c = 16kk + 2t (+1, +8,
 // +9) of rows g and g + 8 (those that hold a head and lie within d); stage 05 pairs dim c with
-// c + d/2 (or c - d/2). When d is the kernel's kD, that is the same lane's fragment kk + kD/32
-// (d/2 = 16 (kD/32)): each pair is rotated from registers. Otherwise it sits in another
-// fragment, or another lane, so the partner's two values are read again from q (where this
-// lane read its own). A position outside the table: NaN.
+// c + d/2 (or c - d/2). When d is the kernel's kD, that is the same place in the same lane's
+// fragment kk + kD/32 (d/2 spans kD/32 fragments of 16 dims): each pair is rotated once, from
+// registers. Otherwise it sits in another fragment, or another lane, so the partner's two
+// values are read again from q (where this lane read its own). A position outside the table:
+// NaN.
 template <int kD>
 __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
                                          const __nv_bfloat16* q_rows, int n_here, int d,
