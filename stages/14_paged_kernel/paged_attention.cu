@@ -240,6 +240,18 @@ __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_h
   if (v_lane && at >= 0) *reinterpret_cast<BF8*>(p.v + at + lane * 8) = v;
 }
 
+// Two of stage 05's pairs at once, in place: dims i and i + 1 (two bf16 in `first`) with
+// dims i + d/2 and i + 1 + d/2 (in `second`); half = d/2.
+__device__ __forceinline__ void rotate_packed(uint32_t& first, uint32_t& second,
+                                              const float* s_rope, int i, int half) {
+  const float2 x = unpack_bf16(first), y = unpack_bf16(second);
+  float a1 = x.x, a2 = y.x, b1 = x.y, b2 = y.y;
+  rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
+  rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
+  first = pack_bf16(a1, b1);
+  second = pack_bf16(a2, b2);
+}
+
 // q as given, rotated in its A fragments (p.k_new): this lane's dims c = 16kk + 2t (+1, +8,
 // +9) of rows g and g + 8 (those that hold a head and lie within d); stage 05 pairs dim c with
 // c + d/2 (or c - d/2). When d is the kernel's kD, that is the same place in the same lane's
@@ -264,12 +276,7 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
           lo = hi = 0x7fc07fc0u;  // two bf16 NaNs each
           continue;
         }
-        const float2 x = unpack_bf16(lo), y = unpack_bf16(hi);
-        float a1 = x.x, a2 = y.x, b1 = x.y, b2 = y.y;
-        rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
-        rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
-        lo = pack_bf16(a1, b1);
-        hi = pack_bf16(a2, b2);
+        rotate_packed(lo, hi, s_rope, i, half);
       }
     }
     return;
@@ -286,14 +293,11 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
       }
       const bool first = col < half;
       const int i = first ? col : col - half;  // the pair's index: its angle
-      const float2 own = unpack_bf16(qf[kk][r]);
-      const float2 other = unpack_bf16(
-          *reinterpret_cast<const uint32_t*>(q_rows + row * d + (first ? col + half : i)));
-      float a1 = first ? own.x : other.x, a2 = first ? other.x : own.x;
-      float b1 = first ? own.y : other.y, b2 = first ? other.y : own.y;
-      rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
-      rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
-      qf[kk][r] = first ? pack_bf16(a1, b1) : pack_bf16(a2, b2);
+      const uint32_t other =
+          *reinterpret_cast<const uint32_t*>(q_rows + row * d + (first ? col + half : i));
+      uint32_t lo = first ? qf[kk][r] : other, hi = first ? other : qf[kk][r];
+      rotate_packed(lo, hi, s_rope, i, half);
+      qf[kk][r] = first ? lo : hi;
     }
   }
 }
