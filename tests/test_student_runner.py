@@ -196,10 +196,14 @@ def test_stopping_the_grader_stops_its_test_processes(tmp_path):
             open({str(pid_file)!r}, "w").write(str(os.getpid()))
             time.sleep(120)
         '''))
+    # Ctrl-C's handler, as a grader started from a terminal has it: a process started in the
+    # background by a shell without job control (`cmd &` in a script) inherits SIGINT ignored,
+    # and this test may run under one.
     for sig in (signal.SIGTERM, signal.SIGINT):
         pid_file.unlink(missing_ok=True)
         grader = subprocess.Popen(
-            [sys.executable, "-c", "import sys\nfrom grader import children, runner\n"
+            [sys.executable, "-c", "import signal, sys\nfrom grader import children, runner\n"
+             "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
              "children.install()\n"
              "runner.run_tests([__import__('pathlib').Path(sys.argv[1])], "
              "[], test_timeout=300)", str(tmp_path)],
