@@ -1,5 +1,5 @@
 """Reference kernels run on the CPU in tests/cuda_emulator, against their native twins or torch:
-the small kernels of a decode step (stages 04, 05, 08, 13), stage 06's GEMV, stage 07's and
+the small kernels of a decode step (stages 04, 05, 08, 13; stage 08's argmax cut into pieces), stage 06's GEMV, stage 07's and
 stage 12's prefill attention, and stage 09's and stage 14's decode attention. Their logic
 (indexing, masks, pipelines, fragment layouts, split-K) is checked on every CI run, not only
 on a GPU. Emulated, not graded: nothing here says anything about speed
@@ -543,6 +543,53 @@ def test_silu_mul_kernel_in_the_emulator(rows, inter):
     _ok(silu_mul(x.data_ptr(), out.data_ptr(), rows, inter))
     expected = parts.reference("08", "activation").silu_mul_native(x)
     torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+ARGMAX_SHIM = CALL + """
+extern "C" const char* emu_argmax(const void* logits, int64_t* out, int64_t rows, int64_t vocab,
+                                  int f32, void* partial, int32_t* tickets) {
+  if (f32) EMU_CALL(launch_argmax_f32(static_cast<const float*>(logits), out, rows, vocab,
+                                      partial, tickets, nullptr));
+  EMU_CALL(launch_argmax_bf16(static_cast<const __nv_bfloat16*>(logits), out, rows, vocab,
+                              partial, tickets, nullptr));
+}
+extern "C" int emu_argmax_most_pieces(int64_t rows) { return argmax_most_pieces(rows); }
+"""
+
+
+@pytest.mark.parametrize("rows,vocab,f32", [(1, 128256, True), (1, 128256, False),
+                                            (3, 49152, True), (2, 1001, True), (9, 100, False)])
+def test_argmax_kernel_in_the_emulator(rows, vocab, f32):
+    """A row cut into pieces (the emulator's device has 4 SMs: up to 8 pieces a row), each
+    block's pair merged by the row's last block: the row's maximum planted in the last piece,
+    a tie for it in a later piece (the lower index must win), a NaN row (its first NaN wins),
+    a row of -inf (index 0). Run twice: the last block must leave its ticket at 0."""
+    lib = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax",
+                         [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+                         + [ctypes.c_void_p] * 2)
+    most = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax_most_pieces",
+                          [ctypes.c_int64], restype=ctypes.c_int)(rows)
+    g = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[0, vocab - 7] = 50.0
+    if rows > 1:
+        logits[1, vocab // 3] = logits[1, vocab - 2] = 60.0
+    if rows > 2:
+        logits[2, vocab // 2] = logits[2, vocab // 5] = float("nan")
+        logits[-1] = float("-inf")
+    logits = logits if f32 else logits.bfloat16()
+    partial = torch.empty(rows * most * 2, dtype=torch.int32)
+    tickets = torch.zeros(rows, dtype=torch.int32)
+    expected = torch.argmax(logits, dim=-1)
+    for _ in range(2):
+        out = torch.full((rows,), -1, dtype=torch.int64)
+        _ok(lib(logits.data_ptr(), out.data_ptr(), rows, vocab, int(f32), partial.data_ptr(),
+                tickets.data_ptr()))
+        assert out.tolist() == expected.tolist(), (
+            f"argmax [{rows}, {vocab}]: got {out.tolist()}, torch.argmax {expected.tolist()}: "
+            "each piece's pair must reach the row's last block, and equal values go to the "
+            "lower index")
+        assert tickets.tolist() == [0] * rows, "the row's last block must reset its ticket to 0"
 
 
 CACHE_SHIM = CALL + """

@@ -1,9 +1,15 @@
 // Helpers shared by every *_binding.cpp: input checks and launch checks, so each binding
-// states what it accepts in a few lines and every CUDA error becomes a Python exception.
+// states what it accepts in a few lines and every CUDA error becomes a Python exception, and
+// the kept ticket counters of the kernels whose last block merges.
 #pragma once
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
@@ -49,6 +55,34 @@ inline void check_launch(tvllm_status status, const char* op) {
   TORCH_CHECK(status == nullptr, op, ": ", status);
   cudaError_t err = cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA error: ", cudaGetErrorString(err));
+}
+
+// Tickets for a kernel whose last block to finish a piece of work merges it (stage 08's argmax
+// over a row's pieces, stage 14's split-K partitions): `count` int32 counters that are 0 when
+// a launch starts (the block that merges resets its own), so they are kept, not allocated per
+// call: a memset per call would be one more node in a decode graph. One zeroed buffer per
+// device, grown (never freed: a graph captured with an older one still writes to it) when a
+// call needs more. Inside a CUDA-graph capture nothing may be allocated for later: a capture
+// that needs more than the buffer holds gets zeros of its own from the graph's pool (the
+// memset is captured too). One stream at a time per device: two such launches running at once
+// would share counters.
+inline int32_t* tickets(const at::Tensor& like, int64_t count) {
+  static std::mutex mutex;
+  static auto* kept = new std::map<int, std::vector<at::Tensor>>();  // outlives every graph
+  std::lock_guard<std::mutex> lock(mutex);
+  std::vector<at::Tensor>& buffers = (*kept)[like.device().index()];
+  if (!buffers.empty() && buffers.back().numel() >= count)
+    return buffers.back().data_ptr<int32_t>();
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capturing));
+  const auto options = like.options().dtype(at::kInt);
+  if (capturing != cudaStreamCaptureStatusNone) {
+    static auto* captured = new std::vector<at::Tensor>();  // alive as long as the graph may be
+    captured->push_back(at::zeros({count}, options));
+    return captured->back().data_ptr<int32_t>();
+  }
+  buffers.push_back(at::zeros({std::max<int64_t>(count, 1 << 16)}, options));
+  return buffers.back().data_ptr<int32_t>();
 }
 
 }  // namespace tvllm

@@ -1,14 +1,19 @@
 // torch.ops.tinyvllm.argmax: checks, then the launchers in argmax.cu.
+// A row cut into pieces takes its pieces' pairs from a workspace and the row's ticket counter
+// from tvllm::tickets (binding.h), so the op can be captured in a CUDA graph.
 #include <climits>
 
+#include <ATen/ops/empty.h>
 #include <cuda_bf16.h>
 
 #include "binding.h"
 
+int argmax_most_pieces(int64_t rows);
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
-                                int64_t vocab, cudaStream_t stream);
+                                int64_t vocab, void* partial, int32_t* tickets,
+                                cudaStream_t stream);
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
-                               cudaStream_t stream);
+                               void* partial, int32_t* tickets, cudaStream_t stream);
 
 namespace {
 
@@ -28,13 +33,22 @@ void argmax(const at::Tensor& logits, at::Tensor& out) {
               "the vocabulary must have between 1 and ", INT_MAX / 2, " entries, got ",
               logits.size(1));
   c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  const int64_t pieces = rows == 0 ? 1 : argmax_most_pieces(rows);
+  at::Tensor partial;  // 8 bytes (value, index) a block
+  int32_t* tickets = nullptr;
+  if (pieces > 1) {
+    partial = at::empty({rows * pieces * 2}, logits.options().dtype(at::kInt));
+    tickets = tvllm::tickets(logits, rows);
+  }
+  void* pairs = pieces > 1 ? partial.data_ptr() : nullptr;
   const auto status =
       dtype == at::kBFloat16
           ? launch_argmax_bf16(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()),
-                               out.data_ptr<int64_t>(), logits.size(0), logits.size(1),
+                               out.data_ptr<int64_t>(), rows, vocab, pairs, tickets,
                                tvllm::stream())
-          : launch_argmax_f32(logits.data_ptr<float>(), out.data_ptr<int64_t>(), logits.size(0),
-                              logits.size(1), tvllm::stream());
+          : launch_argmax_f32(logits.data_ptr<float>(), out.data_ptr<int64_t>(), rows, vocab,
+                              pairs, tickets, tvllm::stream());
   tvllm::check_launch(status, "argmax");
 }
 

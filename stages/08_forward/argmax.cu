@@ -1,13 +1,17 @@
-// Stage 08 kernel: argmax over the vocabulary, one row of logits per block (greedy decoding).
+// Stage 08 kernel: argmax over the vocabulary (greedy decoding).
 //
 // For each row b of logits [rows, vocab], out[b] is the index of the largest logit -- the
 // token greedy decoding picks. It is a parallel reduction, like RMSNorm's sum, but over
-// (value, index) pairs with "better" in place of "+":
+// (value, index) pairs with "better" in place of "+". A block reduces a piece of a row:
 //
-//   1. each thread scans a strided slice of the row (16-byte loads: 8 bf16 or 4 float32,
+//   1. each thread scans a strided slice of the piece (16-byte loads: 8 bf16 or 4 float32,
 //      several issued before any is compared) and keeps its best pair;
 //   2. each warp combines its 32 pairs with shuffles (5 steps, no shared memory);
 //   3. each warp's lane 0 writes its pair to shared memory; warp 0 combines those.
+//
+// With many rows a piece is a whole row. With few (a decode step of one sequence: one row
+// of 128256) a row is cut into pieces so that every SM has work, and the last block of a
+// row to finish combines the pieces' pairs (given: argmax_kernel).
 //
 // "Better" must be a total order so the answer does not depend on which thread saw what:
 //   - a NaN beats every number (torch.argmax treats NaN as the maximum: a row with a NaN
@@ -20,6 +24,7 @@
 // Reference: argmax.py (argmax_native, which is torch.argmax). Run: nox -s grade -- 08
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -61,29 +66,89 @@ __device__ __forceinline__ void scan(ArgBest& best, float v, int index) {
   }
 }
 
-// logits: [rows, vocab] contiguous, vocab % kVec == 0; out: [rows] int64. One block per row.
+// The best pair of row[begin, end) (end - begin a multiple of kVec when kVec > 1), in thread
+// 0 of the block; the other threads' return values are not meaningful.
+template <typename T, int kVec>
+__device__ __forceinline__ ArgBest block_argmax(const T* __restrict__ row, int begin, int end) {
+  // TODO stage 08: packed strided scan of [begin, end) (kUnroll loads, then the compares); warp_argmax; __shared__ ArgBest[kWarps]; warp 0 combines (about 27 lines)
+  return ArgBest{-INFINITY, INT_MAX};
+}
+
+// logits: [rows, vocab] contiguous, vocab % kVec == 0; out: [rows] int64.
+// Block i scans piece i % pieces of row i / pieces: elements [piece * span, piece * span + span)
+// of it. With one piece a row the block writes its answer. With several, each block leaves its
+// pair in partial[i] and takes a ticket from its row's counter; the block that draws the last
+// ticket combines the row's pairs, writes the answer and sets the counter back to 0 (stage 14
+// merges its split-K partitions the same way).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
-argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab) {
-  // TODO stage 08: packed strided scan (kUnroll loads, then the compares); warp_argmax; __shared__ ArgBest[kWarps]; warp 0 ends (about 28 lines)
+argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab, int pieces,
+              int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets) {
+  const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
+  const int begin = piece * span;
+  ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
+                                       min(vocab, begin + span));
+  if (pieces == 1) {
+    if (threadIdx.x == 0) out[r] = best.index;
+    return;
+  }
+  __shared__ bool s_last;
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = best;
+    __threadfence();  // the pair is visible before the ticket that says it is there
+    s_last = atomicAdd(tickets + r, 1) == pieces - 1;
+    if (s_last) tickets[r] = 0;  // every block of the row has drawn: ready for the next launch
+  }
+  __syncthreads();
+  if (!s_last || threadIdx.x >= 32) return;
+  __threadfence();
+  // Other blocks wrote these pairs: read them from the L2 (__ldcg), not this SM's L1.
+  best = ArgBest{-INFINITY, INT_MAX};
+  const ArgBest* row_pairs = partial + static_cast<int64_t>(r) * pieces;
+  for (int i = threadIdx.x; i < pieces; i += 32) {
+    best = better(best, ArgBest{__ldcg(&row_pairs[i].value), __ldcg(&row_pairs[i].index)});
+  }
+  best = warp_argmax(best);
+  if (threadIdx.x == 0) out[r] = best.index;
+}
+
+// How many blocks may share a row: enough for two per SM (one block streams a 128256-entry row
+// at a few hundred GB/s, so a lone row took 16 us on an H200). The binding sizes the pieces'
+// workspace by it.
+int argmax_most_pieces(int64_t rows) {
+  return static_cast<int>(std::max<int64_t>(1, (2 * int64_t{tvllm_sm_count()} + rows - 1) / rows));
+}
+
+// The pieces of each row (at most argmax_most_pieces), each a whole number of passes of the
+// block (a pass: kThreads packs of `pack` elements); *span: the elements of a piece.
+static int argmax_pieces(int64_t rows, int64_t vocab, int pack, int* span) {
+  const int64_t pass = int64_t{kThreads} * pack;
+  const int64_t passes = (vocab + pass - 1) / pass;
+  const int64_t per_piece = (passes + std::min<int64_t>(argmax_most_pieces(rows), passes) - 1) /
+                            std::min<int64_t>(argmax_most_pieces(rows), passes);
+  *span = static_cast<int>(per_piece * pass);
+  return static_cast<int>((passes + per_piece - 1) / per_piece);
 }
 
 template <typename T>
 static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, int64_t vocab,
-                                  cudaStream_t stream) {
+                                  void* partial, int32_t* tickets, cudaStream_t stream) {
   if (rows == 0) return TVLLM_OK;
-  if (vocab <= 0 || vocab >= INT_MAX - kThreads * 8 * kUnroll) return "vocab size out of range";
-  // TODO stage 08: a block of kThreads per row; 16-byte packs if rows aligned (about 8 lines)
-  return "TODO stage 08: a block of kThreads per row; 16-byte packs if rows aligned (about 8 lines)";
+  if (vocab <= 0 || vocab >= INT_MAX / 2) return "vocab size out of range";
+  // TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (about 16 lines)
+  return "TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (about 16 lines)";
 }
 
 // logits: [rows, vocab] bf16 or float32, contiguous -> out: [rows] int64
+// partial: 8 bytes a block, tickets: [rows] int32, 0 (both unused when a row is one piece:
+// argmax_pieces says)
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
-                                int64_t vocab, cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, stream);
+                                int64_t vocab, void* partial, int32_t* tickets,
+                                cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets, stream);
 }
 
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
-                               cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, stream);
+                               void* partial, int32_t* tickets, cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets, stream);
 }

@@ -5,16 +5,12 @@
 // choice (host values only), its workspace and tickets, then paged_attention.cu. It reads no
 // device memory on the host (no block table or length values), so a decode step that calls it
 // can be captured in a CUDA graph; the workspace then comes from the graph's private memory
-// pool, the tickets from a buffer kept for the process (split_k_tickets).
+// pool, the tickets from a buffer kept for the process (tvllm::tickets, binding.h).
 // torch.ops.tinyvllm.paged_attention_partition_keys: that split-K choice alone (tests, benches).
 #include <cmath>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <vector>
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include "binding.h"
 
@@ -41,32 +37,6 @@ int64_t rule_written(int64_t keys) {
   TORCH_CHECK_NOT_IMPLEMENTED(keys >= 0, "TODO stage 14: paged_attention_partition_keys, the "
                               "split-K rule (paged_attention.cu), is not written yet");
   return keys;
-}
-
-// Split-K's tickets: `count` int32 counters that are 0 when a launch starts (the block that
-// merges resets its own), so they are kept, not allocated per call: a memset per call would be
-// one more node in a decode graph. One zeroed buffer per device, grown (never freed: a graph
-// captured with an older one still writes to it) when a call needs more. Inside a CUDA-graph
-// capture nothing may be allocated for later: a capture that needs more than the buffer holds
-// gets zeros of its own from the graph's pool (the memset is captured too). One stream at a
-// time per device: two split-K launches running at once would share counters.
-int32_t* split_k_tickets(const at::Tensor& like, int64_t count) {
-  static std::mutex mutex;
-  static auto* kept = new std::map<int, std::vector<at::Tensor>>();  // outlives every graph
-  std::lock_guard<std::mutex> lock(mutex);
-  std::vector<at::Tensor>& buffers = (*kept)[like.device().index()];
-  if (!buffers.empty() && buffers.back().numel() >= count)
-    return buffers.back().data_ptr<int32_t>();
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(tvllm::stream(), &capturing));
-  const auto options = like.options().dtype(at::kInt);
-  if (capturing != cudaStreamCaptureStatusNone) {
-    static auto* captured = new std::vector<at::Tensor>();  // alive as long as the graph may be
-    captured->push_back(at::zeros({count}, options));
-    return captured->back().data_ptr<int32_t>();
-  }
-  buffers.push_back(at::zeros({std::max<int64_t>(count, 1 << 16)}, options));
-  return buffers.back().data_ptr<int32_t>();
 }
 
 // q: [B, n_heads, d]; k_cache, v_cache: [num_blocks, block_size, n_kv, d]; block_tables:
@@ -170,7 +140,7 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
   if (partitions > 1) {
     workspace = at::empty({batch * n_heads * partitions * (head_dim + 2)},
                           q.options().dtype(at::kFloat));
-    tickets = split_k_tickets(q, batch * n_heads);  // at least one per block row
+    tickets = tvllm::tickets(q, batch * n_heads);  // at least one per block row
   }
   tvllm::check_launch(
       launch_paged_decode_attention(

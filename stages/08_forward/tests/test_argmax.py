@@ -1,4 +1,5 @@
-"""Stage 08: the argmax kernel (argmax.cu), one block per row of logits.
+"""Stage 08: the argmax kernel (argmax.cu): a block per piece of a row, a row in several pieces
+when there are fewer rows than SMs (the last block of a row merges them).
 
 The oracle is torch.argmax and its documented contract: the FIRST index of the maximum, NaN
 counted as the maximum. Ties, NaNs and the ends of the row are built by hand, so the expected
@@ -13,8 +14,10 @@ from course import parts
 from course.testing import checks
 
 DTYPES = [torch.bfloat16, torch.float32]
-# Llama 3's and SmolLM2's vocabularies, LLaMA-2's, and odd sizes (no 16-byte packs).
-SHAPES = [(1, 128256), (4, 49152), (33, 32000), (7, 1001), (3, 211), (2, 1), (5, 7)]
+# Llama 3's and SmolLM2's vocabularies, LLaMA-2's, and odd sizes (no 16-byte packs); with 600
+# rows every row is one piece (up to 2 x 132 rows on an H200, rows are cut into pieces).
+SHAPES = [(1, 128256), (4, 49152), (33, 32000), (7, 1001), (3, 211), (2, 1), (5, 7),
+          (600, 4100)]
 TIE_HINT = ("of equal values the LOWER index must win, in the per-thread scan, in the warp "
             "shuffles and in the final combine (torch.argmax returns the first maximum)")
 
@@ -40,7 +43,8 @@ def test_argmax_random(rows, vocab, dtype, seed):
     got = run(logits)
     checks.assert_equal(got, torch.argmax(logits.cpu(), dim=-1), what=f"argmax [{rows}, {vocab}]",
                         hint="every element of the row must be scanned once; -1 means the "
-                             "kernel never wrote that row")
+                             "kernel never wrote that row (with a row in pieces: no block "
+                             "saw itself as the last, or a ticket was left above 0)")
 
 
 def tie_rows(vocab: int, gen: torch.Generator, dtype: torch.dtype):
@@ -134,3 +138,16 @@ def test_argmax_unaligned(dtype, seed):
     checks.assert_equal(got, torch.argmax(logits.cpu(), dim=-1), what="argmax, unaligned rows",
                         hint="16-byte loads need 16-byte-aligned rows: fall back to one "
                              "element per load otherwise")
+
+
+@pytest.mark.gpu
+def test_argmax_launch_after_launch(seed):
+    """One row of Llama 3's vocabulary, its maximum moved between launches: a row in pieces is
+    merged by the block that draws its row's last ticket, which must set the counter back to 0
+    or the next launch's merge never happens (or happens too early)."""
+    logits = checks.randn((1, 128256), torch.float32, "cuda", scale=3.0)
+    for i, where in enumerate((128255, 0, 70000, 4095, 4096)):
+        logits[0, where] = 100.0 * (i + 1)      # larger than every maximum before it
+        got = run(logits)
+        checks.assert_equal(got, torch.tensor([where]), what=f"argmax, maximum at {where}",
+                            hint="the block that merges a row's pieces resets its ticket")

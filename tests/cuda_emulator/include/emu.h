@@ -326,6 +326,7 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+using std::isnan;  // CUDA's is global
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
