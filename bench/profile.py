@@ -78,17 +78,21 @@ def chain_table(spans: list[tuple[str, float, float]], layers: int,
     """(kernel, microseconds it adds to the step, launches), largest first.
 
     A kernel adds its end minus the end of the kernel before (the first: its duration), so the
-    rows add up to the whole span. A name launched a multiple of `layers` times, k times a
-    layer, is told apart by its place in the layer ("[0]" .. "[k-1]": the decode GEMVs are
-    QKV, o_proj, gate_up, down in that order)."""
+    rows add up to the whole span. A name launched k > 1 times a layer is told apart by its
+    place in the layer ("[0]" .. "[k-1]": the decode GEMVs are QKV, o_proj, gate_up, down in
+    that order); its launches past the layers' (the lm_head's GEMV after the last layer) are
+    "[after]"."""
     spans = sorted(spans, key=lambda s: s[2])
     counts = Counter(name for name, _, _ in spans)
     seen: Counter[str] = Counter()
     rows: dict[str, tuple[float, int]] = {}
     prev_end = spans[0][1] if spans else 0.0
     for name, _, end in spans:
-        per_layer = counts[name] // layers if counts[name] % layers == 0 else 0
-        label = f"{name} [{seen[name] % per_layer}]" if per_layer > 1 else name
+        per_layer = counts[name] // layers
+        label = name
+        if per_layer > 1:
+            place = seen[name] % per_layer if seen[name] < per_layer * layers else "after"
+            label = f"{name} [{place}]"
         seen[name] += 1
         us, n = rows.get(label, (0.0, 0))
         rows[label] = (us + end - prev_end, n + 1)

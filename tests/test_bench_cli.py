@@ -142,16 +142,17 @@ def test_deadline_interrupts_a_long_compile():
 def test_chain_table_adds_up_to_the_span_and_tells_the_layers_gemvs_apart():
     """bench.profile's chain: each kernel is charged its end minus the previous end (under PDL
     it starts early, so its own duration would count the overlap twice). Two layers here, each
-    gemv, attn, gemv; an embedding first, alone."""
+    gemv, attn, gemv; an embedding first, alone; the lm_head's gemv after the layers."""
     from bench.profile import chain_table
     spans = [("embed", 0.0, 2.0),
              ("gemv", 1.0, 10.0), ("attn", 8.0, 15.0), ("gemv", 14.0, 18.0),   # layer 0
-             ("gemv", 17.0, 27.0), ("attn", 26.0, 30.0), ("gemv", 31.0, 36.0)]  # layer 1
+             ("gemv", 17.0, 27.0), ("attn", 26.0, 30.0), ("gemv", 31.0, 36.0),  # layer 1
+             ("gemv", 35.0, 40.0)]                                              # lm_head
     rows = {name: (us, n) for name, us, n in chain_table(list(reversed(spans)), layers=2)}
-    # increments, by hand: embed 2; gemv[0] 8 and 9; attn 5 and 3; gemv[1] 3 and 6
+    # increments, by hand: embed 2; gemv[0] 8 and 9; attn 5 and 3; gemv[1] 3 and 6; after 4
     assert rows == {"gemv [0]": (17.0, 2), "gemv [1]": (9.0, 2), "attn": (8.0, 2),
-                    "embed": (2.0, 1)}, rows
-    assert sum(us for us, _ in rows.values()) == 36.0, "the rows add up to the whole span"
+                    "embed": (2.0, 1), "gemv [after]": (4.0, 1)}, rows
+    assert sum(us for us, _ in rows.values()) == 40.0, "the rows add up to the whole span"
     assert chain_table([], layers=2) == []
 
 

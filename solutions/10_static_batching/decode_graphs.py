@@ -16,10 +16,19 @@ frozen at capture, so:
   themselves lazily, which must not happen inside a capture), and all graphs share one
   memory pool, captured largest first, so the smaller ones reuse the largest one's memory.
 
-Logits and sampling stay outside the graph: they need only the B real rows.
+- a graph replays kernels only, so the step's integer inputs are written in the dtypes the
+  kernels read (token ids, positions and slots int64; context lengths and block tables
+  int32): a cast inside the step would be one more kernel in every replay.
+
+What the step does with its hidden states can be recorded too: `head` (the engine passes the
+logits and the greedy argmax, so that a decode step of one sequence is one graph launch, not
+a graph and then the lm_head's and the argmax's launches; padding rows get logits and tokens
+of their own, ignored).
 On a CPU (or with use_graphs=False) the same buffers run the forward eagerly.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -28,8 +37,8 @@ from course import parts
 _kv = parts.load("09", "kv_cache")
 AttentionMetadata = parts.load("08", "attention_metadata").AttentionMetadata
 
-# ids, positions, slot_mapping, context_lens: one row each of `inputs`
-ROWS = 4
+# ids, positions, slot_mapping: one int64 row each of `inputs`
+ROWS = 3
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -45,24 +54,26 @@ class DecodeGraphs:
     model: a stage-08 LlamaModel whose attention is stage 09's KVCacheAttention; cache: its
     KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__. max_blocks:
     the longest block table (1 for stage 09's cache: a sequence's block is its slot).
+    head: None, or a function of the step's hidden states [size, H] returning one tensor with
+    a row per sequence, recorded in the graph after the forward; `run` then returns its rows.
     """
 
     def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
-                 max_blocks: int = 1):
+                 max_blocks: int = 1, head: Callable[[torch.Tensor], torch.Tensor] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.model, self.cache, self.max_batch = model, cache, max_batch
+        self.model, self.cache, self.max_batch, self.head = model, cache, max_batch, head
         device = model.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; this model is on " + str(device))
         self.sizes = graph_batch_sizes(max_batch)
         # A pinned host buffer and a device buffer: a step's inputs cross in one copy.
-        # The first ROWS x max_batch entries are `inputs`, the rest the block tables.
-        size = (ROWS + max_blocks) * max_batch
+        # The first ROWS x max_batch int64 entries are `inputs`; after them (from a 16-byte
+        # boundary), as int32, the block tables [max_batch, max_blocks] and the context lengths.
+        size = self._int32_start() + ((1 + max_blocks) * max_batch + 1) // 2
         self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
-        self.inputs = self.device_buffer[: ROWS * max_batch].view(ROWS, max_batch)
-        self.tables = self.device_buffer[ROWS * max_batch:].view(max_batch, max_blocks)
+        self.inputs, self.context_lens, self.tables = self._views(self.device_buffer, max_blocks)
         # Two host buffers, used in turn: an engine that prepares the next step while the GPU
         # runs this one must not overwrite what this step's copy has not read yet.
         self._host_buffers = []
@@ -70,8 +81,7 @@ class DecodeGraphs:
             host = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
             # What each row of host_tables holds: the table written there, (length, last).
             self._host_buffers.append((
-                host, host[: ROWS * max_batch].view(ROWS, max_batch).numpy(),
-                host[ROWS * max_batch:].view(max_batch, max_blocks).numpy(),
+                host, *(view.numpy() for view in self._views(host, max_blocks)),
                 [[]] * max_batch, [None] * max_batch))
         self._turn = 0
         self._use_host_buffer(0)
@@ -82,9 +92,20 @@ class DecodeGraphs:
         if self.use_graphs:
             self.capture()
 
+    def _int32_start(self) -> int:
+        return -(-ROWS * self.max_batch // 2) * 2
+
+    def _views(self, buffer: torch.Tensor, max_blocks: int) -> tuple[torch.Tensor, ...]:
+        """inputs [ROWS, max_batch] int64, context_lens [max_batch] int32 and block tables
+        [max_batch, max_blocks] int32: views of one int64 buffer."""
+        n = self.max_batch
+        int32s = buffer[self._int32_start():].view(torch.int32)
+        return (buffer[: ROWS * n].view(ROWS, n), int32s[n * max_blocks: n * max_blocks + n],
+                int32s[: n * max_blocks].view(n, max_blocks))
+
     def _use_host_buffer(self, turn: int) -> None:
         self._turn = turn
-        (self.host, self.host_rows, self.host_tables, self._written,
+        (self.host, self.host_rows, self.host_lens, self.host_tables, self._written,
          self._written_len) = self._host_buffers[turn]
 
     def padded_size(self, batch: int) -> int:
@@ -96,17 +117,17 @@ class DecodeGraphs:
                          f"{self.max_batch}")
 
     def _step(self, size: int) -> torch.Tensor:
-        """The forward of the first `size` rows of `inputs` -> hidden [size, H]. Everything
-        it launches (the int32 casts included) is what a graph of this size records."""
+        """The forward of the first `size` rows of `inputs` -> hidden [size, H], or the head's
+        output of it. Everything it launches is what a graph of this size records."""
         ids, positions, slots = self.inputs[0, :size], self.inputs[1, :size], self.inputs[2, :size]
-        tables = self.tables[:size].to(torch.int32)
+        tables = self.tables[:size]
         meta = AttentionMetadata(
             cu_seqlens_q=self.cu_seqlens[: size + 1], cu_seqlens_k=self.cu_seqlens[: size + 1],
             max_seqlen_q=1, max_seqlen_k=self.cache.max_len, last_rows=self.rows[:size],
             kv_cache=self.cache, slot_mapping=slots, seq_slots=tables[:, 0].contiguous(),
-            block_tables=tables, context_lens=self.inputs[3, :size].to(torch.int32),
-            decode=True)
-        return self.model.forward(ids, positions, meta)
+            block_tables=tables, context_lens=self.context_lens[:size], decode=True)
+        hidden = self.model.forward(ids, positions, meta)
+        return hidden if self.head is None else self.head(hidden)
 
     def capture(self) -> None:
         """Record one graph per batch size, largest first, in one shared memory pool."""
@@ -146,11 +167,13 @@ class DecodeGraphs:
         """Write a step's inputs into the host buffer, pad rows up to `size`, copy it over."""
         n = len(ids)
         self._write_tables(block_tables, size)
-        # BEGIN SOLUTION: the four rows of host_rows[:, :n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer
+        # BEGIN SOLUTION: the three rows of host_rows[:, :n] and host_lens[:n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer
         rows = self.host_rows
-        for r, values in enumerate((ids, positions, slot_mapping, context_lens)):
+        for r, values in enumerate((ids, positions, slot_mapping)):
             rows[r, :n] = values
-        rows[:, n:size] = [[0], [0], [self.cache.pad_slot * self.cache.block_size], [0]]
+        rows[:, n:size] = [[0], [0], [self.cache.pad_slot * self.cache.block_size]]
+        self.host_lens[:n] = context_lens
+        self.host_lens[n:size] = 0
         self.device_buffer.copy_(self.host, non_blocking=True)
         # END SOLUTION
 
@@ -159,7 +182,8 @@ class DecodeGraphs:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
         (plan.decode must be true). ids_device: [B] int64 on the device, the ids instead of
         `ids` when the host does not know them yet (the previous step's samples, still on the
-        GPU). Returns hidden [B, H], a view valid until the next run."""
+        GPU). Returns hidden [B, H] (or the head's first B rows), a view valid until the next
+        run."""
         if not plan.decode or len(ids) != len(plan.positions):
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))

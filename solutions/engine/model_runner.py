@@ -12,7 +12,9 @@ attention) once stage 13 is available, else stage 09's contiguous cache with one
 max_model_len positions per sequence (stage 11's SlotAllocator); `EngineConfig.paged` picks.
 
 Prefill steps run the model eagerly on the packed prompts (stage 09's StepPlan); decode steps
-go through stage 10's DecodeGraphs (a graph replay on CUDA). Logits are computed for each
+go through stage 10's DecodeGraphs (a graph replay on CUDA), whose graphs record the logits and
+each row's argmax after the forward: a greedy decode step is one graph launch, and a batch
+with random rows samples from the graph's logits. Logits are computed for each
 sequence's last token only, and sampled on the device (sampler.py); the one copy back to the
 host per step is the sampled token ids, and `launch` does not wait for it: the engine can
 prepare and queue the next decode step first (llm_engine.py). That copy is queued right
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course import manifest, parts
+from course import manifest, ops, parts
 from solutions.engine import sampler
 
 _kv = parts.load("09", "kv_cache")
@@ -39,7 +41,8 @@ GiB = 1 << 30
 
 class SampledTokens:
     """A step's sampled token ids, [B] int64: `device` at once (a decode step queued next reads
-    its input ids from there), `tolist()` once the step is done.
+    its input ids from there; a greedy decode step's are its graph's argmax buffer, valid until
+    the next decode step), `tolist()` once the step is done.
 
     On CUDA the copy to pinned host memory is queued behind the sampling and an event recorded
     after it; tolist() waits for that event only. On the H200, reading the device tensor with
@@ -56,8 +59,8 @@ class SampledTokens:
             self._host.copy_(device_tokens, non_blocking=True)
             self._done = torch.cuda.Event()
             self._done.record()
-        else:
-            self._host = device_tokens
+        else:   # a copy: the tokens may be a buffer that the next step writes again
+            self._host = device_tokens.clone()
 
     def tolist(self) -> list[int]:
         if self._done is not None:
@@ -159,16 +162,26 @@ class ModelRunner:
                 self.num_blocks, self.block_size, config.enable_prefix_caching)
             # every running sequence holds at least one block (block 0 is the pad block)
             self.max_num_seqs = min(config.max_num_seqs, self.num_blocks - 1)
+            self._greedy = torch.zeros(self.max_num_seqs, dtype=torch.int64, device=model.device)
             self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
-                                        use_graphs=use_graphs, max_blocks=self.max_blocks)
+                                        use_graphs=use_graphs, max_blocks=self.max_blocks,
+                                        head=self._logits_and_greedy)
         else:
             self.num_slots = kv_cache_slots(model, config, self.max_len)
             self.max_num_seqs = self.num_slots
             self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
             self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
             model.attention = _kv.KVCacheAttention()
+            self._greedy = torch.zeros(self.num_slots, dtype=torch.int64, device=model.device)
             self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
-                                        use_graphs=use_graphs)
+                                        use_graphs=use_graphs, head=self._logits_and_greedy)
+
+    def _logits_and_greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What a decode graph records after the forward: hidden [B, H] -> logits [B, V]
+        float32, and each row's argmax into self._greedy[:B] (all that a greedy batch needs)."""
+        logits = self.model.compute_logits(hidden, None)
+        ops.get("argmax")(logits, self._greedy[: hidden.shape[0]])
+        return logits
 
     def describe(self) -> str:
         graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"
@@ -204,15 +217,16 @@ class ModelRunner:
                     row = {id(s): i for i, s in enumerate(before)}
                     index = [row[id(s)] for s in seqs]
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
-            hidden = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
-            rows = None     # one token per sequence: every row is a last token
+            logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
+            st = self._sampling_tensors(seqs)
+            if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
+                return SampledTokens(self._greedy[: len(seqs)])
         else:
             positions, meta = plan.metadata(self.cache, model.device)
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
-            rows = meta.last_rows
-        logits = model.compute_logits(hidden, rows)
-        st = self._sampling_tensors(seqs)
+            logits = model.compute_logits(hidden, meta.last_rows)
+            st = self._sampling_tensors(seqs)
         return SampledTokens(sampler.sample(logits, st.temperature, st.top_k, st.top_p,
                                             st.seeds, st.steps, needs_filter=st.needs_filter,
                                             all_greedy=st.all_greedy))
