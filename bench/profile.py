@@ -15,12 +15,13 @@ Random bf16 weights with Llama-3.2-1B's shapes. For each batch size, B sequences
                  to the replay), per kernel name and place in the layer, largest first;
   graph replay   the captured decode graph alone, CUDA events around replay() (the step's
                  GPU time without launch overhead);
-  engine step    whole engine steps (schedule, inputs, replay, logits, sampling, the copy
-                 of the tokens back, detokenizing nothing) in a row: wall time per step, the
-                 host preparing each step while the GPU runs the one before; and where the
-                 host's time went (host_breakdown): launching steps, scheduling, collecting
-                 tokens, and the rest, mostly waiting for the GPU's tokens. Near-zero waiting
-                 means the host, not the GPU, sets the pace.
+  engine step    whole engine steps (schedule, inputs, replay with the logits and the
+                 greedy argmax inside, the copy of the tokens back, detokenizing nothing) in
+                 a row: wall time per step, the host preparing each step while the GPU runs
+                 the one before; and where the host's time went (host_breakdown):
+                 launching steps, scheduling, collecting tokens, and the rest, mostly
+                 waiting for the GPU's tokens. Near-zero waiting means the host, not the
+                 GPU, sets the pace.
 The floor is (weight bytes + K/V bytes read) over the copy bandwidth measured in the run.
 """
 from __future__ import annotations

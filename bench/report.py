@@ -140,8 +140,9 @@ def profile_table(doc: dict, top: int = 8) -> str:
     for r in p["results"]:
         replay, floor = r["graph_replay_us"], r["floor_us"]
         out.append(f"Decode step at batch {r['batch']}, context {r['context']}: graph replay "
-                   f"{replay:.0f} us, engine step {r['engine_step_us']:.0f} us (host and sync "
-                   f"{r['engine_step_us'] - replay:.0f} us), floor {floor:.0f} us (replay at "
+                   f"{replay:.0f} us, engine step {r['engine_step_us']:.0f} us "
+                   f"({r['engine_step_us'] - replay:+.0f} us: what runs outside the graph, less "
+                   f"the replay's own start, which steps in a row overlap), floor {floor:.0f} us (replay at "
                    f"{100 * floor / replay:.0f}% of it).")
         if r.get("host_us"):
             out.append(host_line(r["host_us"]))
