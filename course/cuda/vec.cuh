@@ -22,6 +22,12 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t r) {
   return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
 }
 
+// Two floats -> one register of two bf16, the first in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 two = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&two);
+}
+
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>

@@ -22,8 +22,8 @@
 // instead: at 512 tokens a 128-row block visits 2 to 8 key tiles, so a grid of them ends in a
 // ragged last wave; blocks of half the work, twice as many, fill the SMs more evenly.
 //
-// Fragment layouts (PTX ISA, "mma.m16n8k16"; the wrappers ldmatrix_x4, ldmatrix_x4_trans,
-// mma_bf16 and pack_bf16 are in course/cuda/mma.cuh, shared with stage 14):
+// Fragment layouts (PTX ISA, "mma.m16n8k16"; the wrappers ldmatrix_x4, ldmatrix_x4_trans and
+// mma_bf16 are in course/cuda/mma.cuh, shared with stage 14, pack_bf16 in vec.cuh):
 // lane = 4 g + t (g = lane / 4, t = lane % 4).
 //   A (16 x 16, row-major), 4 registers of 2 bf16: (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
 //     (g+8, 2t+8..).

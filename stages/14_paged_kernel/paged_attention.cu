@@ -240,18 +240,6 @@ __device__ __forceinline__ void write_new_token(const Params& p, int b, int kv_h
   if (v_lane && at >= 0) *reinterpret_cast<BF8*>(p.v + at + lane * 8) = v;
 }
 
-// Two of stage 05's pairs at once, in place: dims i and i + 1 (two bf16 in `first`) with
-// dims i + d/2 and i + 1 + d/2 (in `second`); half = d/2.
-__device__ __forceinline__ void rotate_packed(uint32_t& first, uint32_t& second,
-                                              const float* s_rope, int i, int half) {
-  const float2 x = unpack_bf16(first), y = unpack_bf16(second);
-  float a1 = x.x, a2 = y.x, b1 = x.y, b2 = y.y;
-  rotate_pair(a1, a2, s_rope[i], s_rope[half + i]);
-  rotate_pair(b1, b2, s_rope[i + 1], s_rope[half + i + 1]);
-  first = pack_bf16(a1, b1);
-  second = pack_bf16(a2, b2);
-}
-
 // q as given, rotated in its A fragments (p.k_new): this lane's dims c = 16kk + 2t (+1, +8,
 // +9) of rows g and g + 8 (those that hold a head and lie within d); stage 05 pairs dim c with
 // c + d/2 (or c - d/2). When d is the kernel's kD, that is the same place in the same lane's
