@@ -151,9 +151,9 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
   if (threadIdx.x == 0) out[r] = best.index;
 }
 
-// How many blocks may share a row: enough for two per SM (one block streams a 128256-entry row
-// at a few hundred GB/s, so a lone row took 16 us on an H200). The binding sizes the pieces'
-// workspace by it.
+// How many blocks may share a row: enough for two per SM (a lone block streams a 128256-entry
+// row at a few tens of GB/s: 15-16 us on an H200, 7-8 us in pieces). The binding sizes the
+// pieces' workspace by it.
 int argmax_most_pieces(int64_t rows) {
   return static_cast<int>(std::max<int64_t>(1, (2 * int64_t{tvllm_sm_count()} + rows - 1) / rows));
 }
