@@ -124,8 +124,8 @@ int argmax_most_pieces(int64_t rows) {
 static int argmax_pieces(int64_t rows, int64_t vocab, int pack, int* span) {
   const int64_t pass = int64_t{kThreads} * pack;
   const int64_t passes = (vocab + pass - 1) / pass;
-  const int64_t per_piece = (passes + std::min<int64_t>(argmax_most_pieces(rows), passes) - 1) /
-                            std::min<int64_t>(argmax_most_pieces(rows), passes);
+  const int64_t most = std::min<int64_t>(argmax_most_pieces(rows), passes);
+  const int64_t per_piece = (passes + most - 1) / most;
   *span = static_cast<int>(per_piece * pass);
   return static_cast<int>((passes + per_piece - 1) / per_piece);
 }
