@@ -68,6 +68,28 @@ def test_decode_graphs_run_decode_steps_only(model):
         parts.reference("10", "decode_graphs").DecodeGraphs(model, cache, 4, use_graphs=True)
 
 
+def test_decode_graphs_inputs_and_head(model):
+    """The step's inputs land in the kernels' dtypes (context lengths and block tables int32,
+    no cast in the step), padding rows attend over nothing, and a head runs after the forward:
+    its rows are what run returns, equal to the head applied to the hidden states without it."""
+    cache = kv().KVCache.for_model(model, num_slots=3, max_len=32)
+    model.attention = kv().KVCacheAttention()
+    graphs = parts.reference("10", "decode_graphs").DecodeGraphs
+    plan = kv().StepPlan.build([kv().SeqStep([1], 5, 1), kv().SeqStep([0], 2, 1),
+                                kv().SeqStep([2], 0, 1)], cache)      # padded to 4 rows
+    logits = graphs(model, cache, max_batch=4, use_graphs=False,
+                    head=lambda h: model.compute_logits(h, None)).run([7, 9, 4], plan)
+    assert logits.shape == (3, model.config.vocab_size)
+    plain = graphs(model, cache, max_batch=4, use_graphs=False)
+    hidden = plain.run([7, 9, 4], plan)
+    torch.testing.assert_close(logits, model.compute_logits(hidden, None))
+    assert plain.context_lens.dtype == plain.tables.dtype == torch.int32
+    assert plain.context_lens.tolist() == [6, 3, 1, 0], "a padding row attends over nothing"
+    assert plain.tables[:, 0].tolist() == [1, 0, 2, cache.pad_slot], (
+        "a padding row's table holds the pad slot")
+    assert plain.inputs[0, :3].tolist() == [7, 9, 4] and plain.inputs[1].tolist() == [5, 2, 0, 0]
+
+
 def test_bad_batches_are_refused(model):
     gen = parts.reference("10", "static_batch").generate_batch
     with pytest.raises(ValueError, match="empty"):
