@@ -162,19 +162,17 @@ class ModelRunner:
                 self.num_blocks, self.block_size, config.enable_prefix_caching)
             # every running sequence holds at least one block (block 0 is the pad block)
             self.max_num_seqs = min(config.max_num_seqs, self.num_blocks - 1)
-            self._greedy = torch.zeros(self.max_num_seqs, dtype=torch.int64, device=model.device)
-            self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
-                                        use_graphs=use_graphs, max_blocks=self.max_blocks,
-                                        head=self._logits_and_greedy)
         else:
             self.num_slots = kv_cache_slots(model, config, self.max_len)
             self.max_num_seqs = self.num_slots
             self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
             self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
             model.attention = _kv.KVCacheAttention()
-            self._greedy = torch.zeros(self.num_slots, dtype=torch.int64, device=model.device)
-            self.decoder = DecodeGraphs(model, self.cache, max_batch=self.num_slots,
-                                        use_graphs=use_graphs, head=self._logits_and_greedy)
+        self._greedy = torch.zeros(self.max_num_seqs, dtype=torch.int64, device=model.device)
+        self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
+                                    use_graphs=use_graphs,
+                                    max_blocks=self.max_blocks if self.paged else 1,
+                                    head=self._logits_and_greedy)
 
     def _logits_and_greedy(self, hidden: torch.Tensor) -> torch.Tensor:
         """What a decode graph records after the forward: hidden [B, H] -> logits [B, V]
@@ -207,6 +205,7 @@ class ModelRunner:
         steps = [_kv.SeqStep(s.block_table, s.num_cached, s.num_scheduled) for s in seqs]
         plan = _kv.StepPlan.build(steps, self.cache)
         model = self.model
+        st = self._sampling_tensors(seqs)
         if plan.decode:
             ids_device = None
             if previous is not None:
@@ -218,7 +217,6 @@ class ModelRunner:
                     index = [row[id(s)] for s in seqs]
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
-            st = self._sampling_tensors(seqs)
             if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
                 return SampledTokens(self._greedy[: len(seqs)])
         else:
@@ -226,7 +224,6 @@ class ModelRunner:
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
             logits = model.compute_logits(hidden, meta.last_rows)
-            st = self._sampling_tensors(seqs)
         return SampledTokens(sampler.sample(logits, st.temperature, st.top_k, st.top_p,
                                             st.seeds, st.steps, needs_filter=st.needs_filter,
                                             all_greedy=st.all_greedy))
