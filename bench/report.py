@@ -142,8 +142,8 @@ def profile_table(doc: dict, top: int = 8) -> str:
         out.append(f"Decode step at batch {r['batch']}, context {r['context']}: graph replay "
                    f"{replay:.0f} us, engine step {r['engine_step_us']:.0f} us "
                    f"({r['engine_step_us'] - replay:+.0f} us: what runs outside the graph, less "
-                   f"the replay's own start, which steps in a row overlap), floor {floor:.0f} us (replay at "
-                   f"{100 * floor / replay:.0f}% of it).")
+                   f"the replay's own start, which steps in a row overlap), floor {floor:.0f} us "
+                   f"(replay at {100 * floor / replay:.0f}% of it).")
         if r.get("host_us"):
             out.append(host_line(r["host_us"]))
         # Under PDL a kernel starts before the one before it ends: its time includes that wait.

@@ -1,8 +1,8 @@
 """Reference kernels run on the CPU in tests/cuda_emulator, against their native twins or torch:
-the small kernels of a decode step (stages 04, 05, 08, 13; stage 08's argmax cut into pieces), stage 06's GEMV, stage 07's and
-stage 12's prefill attention, and stage 09's and stage 14's decode attention. Their logic
-(indexing, masks, pipelines, fragment layouts, split-K) is checked on every CI run, not only
-on a GPU. Emulated, not graded: nothing here says anything about speed
+the small kernels of a decode step (stages 04, 05, 08, 13; stage 08's argmax cut into
+pieces), stage 06's GEMV, stage 07's and stage 12's prefill attention, and stage 09's and
+stage 14's decode attention. Their logic (indexing, masks, pipelines, fragment layouts,
+split-K) is checked on every CI run, not only on a GPU. Emulated, not graded: nothing here says anything about speed
 or about the GPU's memory model (tests/cuda_emulator/include/emu.h says what is emulated)."""
 from __future__ import annotations
 

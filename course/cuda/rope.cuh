@@ -1,10 +1,10 @@
-// Stage 05's rotation (rotate-half pairs x1 = x[i], x2 = x[i + d/2]) with Hugging Face's
-// bf16 roundings, for the kernels that rotate on the way to the cache: stage 13's
-// rope_cache_write and stage 14's decode attention (its new token, and q in its fragments). transformers computes
-// q * cos + rotate_half(q) * sin as separate bf16 tensor ops, so cos and sin are rounded to
-// bf16, and each product and the sum too; __fmul_rn keeps nvcc from fusing a product into the
-// sum (an FMA rounds once, transformers twice). Matching it bit for bit is what keeps the
-// engine token-for-token equal to transformers.
+// Stage 05's rotation (rotate-half pairs x1 = x[i], x2 = x[i + d/2]) with Hugging Face's bf16
+// roundings, for the kernels that rotate on the way to the cache: stage 13's rope_cache_write
+// and stage 14's decode attention (its new token, and q in its fragments). transformers
+// computes q * cos + rotate_half(q) * sin as separate bf16 tensor ops, so cos and sin are
+// rounded to bf16, and each product and the sum too; __fmul_rn keeps nvcc from fusing a product
+// into the sum (an FMA rounds once, transformers twice). Matching it bit for bit is what keeps
+// the engine token-for-token equal to transformers.
 #pragma once
 #include <cuda_bf16.h>
 

@@ -39,12 +39,13 @@ void argmax(const at::Tensor& logits, at::Tensor& out) {
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const int64_t pieces = rows == 0 ? 1 : argmax_most_pieces(rows);
   at::Tensor partial;  // 8 bytes (value, index) a block
+  void* pairs = nullptr;
   int32_t* tickets = nullptr;
   if (pieces > 1) {
     partial = at::empty({rows * pieces * 2}, logits.options().dtype(at::kInt));
+    pairs = partial.data_ptr();
     tickets = tvllm::tickets(logits, rows);
   }
-  void* pairs = pieces > 1 ? partial.data_ptr() : nullptr;
   const auto status =
       dtype == at::kBFloat16
           ? launch_argmax_bf16(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()),
