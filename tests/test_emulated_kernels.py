@@ -592,6 +592,19 @@ def test_argmax_kernel_in_the_emulator(rows, vocab, f32):
         assert tickets.tolist() == [0] * rows, "the row's last block must reset its ticket to 0"
 
 
+def test_argmax_launcher_refuses_pieces_without_a_workspace():
+    """A row that needs several pieces cannot be merged without the pairs' workspace and the
+    tickets: the launcher says so instead of launching (the binding always passes both)."""
+    lib = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax",
+                         [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
+                         + [ctypes.c_void_p] * 2)
+    logits = torch.zeros(1, 128256)
+    out = torch.full((1,), -1, dtype=torch.int64)
+    message = lib(logits.data_ptr(), out.data_ptr(), 1, 128256, 1, None, None)
+    assert message is not None and b"needs partial pairs and tickets" in message, message
+    assert out.item() == -1, "nothing was launched"
+
+
 CACHE_SHIM = CALL + """
 extern "C" const char* emu_cache_write(const void* k, const void* v, void* k_cache,
                                        void* v_cache, const int64_t* slots, int64_t tokens,
