@@ -78,7 +78,7 @@ def test_decode_graphs_inputs_and_head(model):
     plan = kv().StepPlan.build([kv().SeqStep([1], 5, 1), kv().SeqStep([0], 2, 1),
                                 kv().SeqStep([2], 0, 1)], cache)      # padded to 4 rows
     logits = graphs(model, cache, max_batch=4, use_graphs=False,
-                    head=lambda h: model.compute_logits(h, None)).run([7, 9, 4], plan)
+                    head=lambda h, ids: model.compute_logits(h, None)).run([7, 9, 4], plan)
     assert logits.shape == (3, model.config.vocab_size)
     plain = graphs(model, cache, max_batch=4, use_graphs=False)
     hidden = plain.run([7, 9, 4], plan)
@@ -88,6 +88,30 @@ def test_decode_graphs_inputs_and_head(model):
     assert plain.tables[:, 0].tolist() == [1, 0, 2, cache.pad_slot], (
         "a padding row's table holds the pad slot")
     assert plain.inputs[0, :3].tolist() == [7, 9, 4] and plain.inputs[1].tolist() == [5, 2, 0, 0]
+
+
+def test_decode_graphs_head_writes_the_next_ids_in_place(model):
+    """A head may write the next step's ids into the graph's ids row (the engine's greedy
+    argmax does); a run given that very row as ids_device copies nothing over it and computes
+    what a run given the same ids from the host computes."""
+    cache = kv().KVCache.for_model(model, num_slots=2, max_len=32)
+    model.attention = kv().KVCacheAttention()
+    graphs = parts.reference("10", "decode_graphs").DecodeGraphs
+
+    def greedy(hidden, next_ids):
+        logits = model.compute_logits(hidden, None)
+        next_ids.copy_(logits.argmax(dim=-1))
+        return logits
+
+    first = kv().StepPlan.build([kv().SeqStep([0], 3, 1), kv().SeqStep([1], 5, 1)], cache)
+    second = kv().StepPlan.build([kv().SeqStep([0], 4, 1), kv().SeqStep([1], 6, 1)], cache)
+    decoder = graphs(model, cache, max_batch=2, use_graphs=False, head=greedy)
+    chosen = decoder.run([7, 9], first).argmax(dim=-1).tolist()
+    assert decoder.inputs[0, :2].tolist() == chosen, "the head's ids are in the ids row"
+    in_place = decoder.run([0, 0], second, ids_device=decoder.inputs[0, :2]).clone()
+    from_host = graphs(model, cache, max_batch=2, use_graphs=False, head=greedy)
+    from_host.run([7, 9], first)
+    torch.testing.assert_close(in_place, from_host.run(chosen, second), rtol=0, atol=0)
 
 
 def test_bad_batches_are_refused(model):

@@ -7,13 +7,16 @@ An id outside [0, vocab) is an error on both paths, raised as IndexError naming 
 position and the vocabulary size. On CUDA the kernel cannot raise: it poisons that row with
 NaN and sets a flag on the device, and `embedding` reads the flag after the launch. Reading it
 is one host-device synchronization per call (the CPU waits for the kernel); `check=False`
-skips it where a caller cannot afford to wait (inside a CUDA graph) and has validated its ids.
+skips it where a caller cannot afford to wait (inside a CUDA graph) and has validated its ids;
+such calls share one flag per device that nobody reads (course/error_flags.py), so a decode
+graph holds the lookup alone, not also a kernel that zeroes a new flag.
 """
 from __future__ import annotations
 
 import torch
 
 from course import parts
+from course.error_flags import error_flag
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -70,7 +73,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None =
         raise ValueError(f"the CUDA embedding supports {SUPPORTED_DTYPES}, got {table.dtype}")
     if out is None:
         out = torch.empty((ids.shape[0], table.shape[1]), dtype=table.dtype, device=table.device)
-    error = torch.zeros(1, dtype=torch.int32, device=ids.device)
+    error = error_flag(ids.device, check)
     parts.kernels().embedding(ids, table, out, error)
     if check and bool(error.item()):  # .item() waits for the kernel: the one sync per call
         raise out_of_range_error(ids, table.shape[0]) or RuntimeError(

@@ -21,7 +21,9 @@ prepare and queue the next decode step first (llm_engine.py). That copy is queue
 behind the step and waited for through its own CUDA event (SampledTokens), never with a
 stream-wide synchronisation: by the time the host reads a step's tokens, the engine has
 queued the next step behind it, and `.tolist()` on the device tensor would wait for that one
-too, leaving the GPU idle while the host prepares the step after.
+too, leaving the GPU idle while the host prepares the step after. The copy is a kernel that
+stores into pinned memory (stage 10's pinned_copy.py), not a copy-engine operation, and a
+greedy decode step's tokens are written by its graph straight into the next step's ids row.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from solutions.engine import sampler
 
 _kv = parts.load("09", "kv_cache")
 DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
+copy_pinned = parts.load("10", "pinned_copy").copy_pinned
 SlotAllocator = parts.load("11", "scheduler").SlotAllocator
 
 GiB = 1 << 30
@@ -41,22 +44,23 @@ GiB = 1 << 30
 
 class SampledTokens:
     """A step's sampled token ids, [B] int64: `device` at once (a decode step queued next reads
-    its input ids from there; a greedy decode step's are its graph's argmax buffer, valid until
-    the next decode step), `tolist()` once the step is done.
+    its input ids from there; a greedy decode step's are its graph's ids row, valid until the
+    next decode step), `tolist()` once the step is done.
 
-    On CUDA the copy to pinned host memory is queued behind the sampling and an event recorded
-    after it; tolist() waits for that event only. On the H200, reading the device tensor with
-    .tolist() instead cost ~1 ms of idle GPU per step at batch 256 (engine step 3967 us, graph
-    replay 2725 us): it waited for the step queued after this one as well.
+    On CUDA the copy into `host` (pinned memory, [>= B] int64, one of the runner's
+    TokenMailbox slots) is queued behind the sampling and an event recorded after it; tolist()
+    waits for that event only. On the H200, reading the device tensor with .tolist() instead
+    cost ~1 ms of idle GPU per step at batch 256 (engine step 3967 us, graph replay 2725 us):
+    it waited for the step queued after this one as well.
     """
 
-    def __init__(self, device_tokens: torch.Tensor):
+    def __init__(self, device_tokens: torch.Tensor, host: torch.Tensor | None = None):
         self.device = device_tokens
         self._done = None
+        self.read = False
         if device_tokens.is_cuda:
-            self._host = torch.empty(device_tokens.shape, dtype=device_tokens.dtype,
-                                     pin_memory=True)
-            self._host.copy_(device_tokens, non_blocking=True)
+            self._host = host[: device_tokens.shape[0]]
+            copy_pinned(self._host, device_tokens)
             self._done = torch.cuda.Event()
             self._done.record()
         else:   # a copy: the tokens may be a buffer that the next step writes again
@@ -65,7 +69,37 @@ class SampledTokens:
     def tolist(self) -> list[int]:
         if self._done is not None:
             self._done.synchronize()
+        self.read = True
         return self._host.tolist()
+
+    def keep_own_copy(self) -> None:
+        """Wait for the copy and hold the tokens apart from the mailbox slot (reused now)."""
+        if self._done is not None:
+            self._done.synchronize()
+        self._host = self._host.clone()
+
+
+class TokenMailbox:
+    """Pinned host buffers for the steps' tokens, handed out in turn: a kernel writes a step's
+    tokens into one (pinned_copy.py), and the host reads them once the step is done. The
+    engine reads each step's tokens before it queues the step after next, so two slots are
+    enough; should a caller queue a third step first, the unread tokens of the slot it reuses
+    are waited for and kept apart (SampledTokens.keep_own_copy), so no write lands on them."""
+
+    def __init__(self, rows: int):
+        self._slots = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self._handed: list[SampledTokens | None] = [None, None]
+        self._next = 0
+
+    def take(self, device_tokens: torch.Tensor) -> SampledTokens:
+        """SampledTokens of device_tokens, copied into the next slot."""
+        slot = self._next
+        before = self._handed[slot]
+        if before is not None and not before.read:
+            before.keep_own_copy()
+        tokens = SampledTokens(device_tokens, self._slots[slot])
+        self._handed[slot], self._next = tokens, 1 - slot
+        return tokens
 
 
 @dataclass
@@ -168,18 +202,23 @@ class ModelRunner:
             self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
             self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
             model.attention = _kv.KVCacheAttention()
-        self._greedy = torch.zeros(self.max_num_seqs, dtype=torch.int64, device=model.device)
         self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
                                     use_graphs=use_graphs,
                                     max_blocks=self.max_blocks if self.paged else 1,
                                     head=self._logits_and_greedy)
+        self._mailbox = TokenMailbox(self.max_num_seqs) if model.device.type == "cuda" else None
 
-    def _logits_and_greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _logits_and_greedy(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """What a decode graph records after the forward: hidden [B, H] -> logits [B, V]
-        float32, and each row's argmax into self._greedy[:B] (all that a greedy batch needs)."""
+        float32, and each row's argmax into next_ids [B], the graph's ids row (all that a
+        greedy batch needs: the next step's ids are then in place)."""
         logits = self.model.compute_logits(hidden, None)
-        ops.get("argmax")(logits, self._greedy[: hidden.shape[0]])
+        ops.get("argmax")(logits, next_ids)
         return logits
+
+    def _tokens(self, device_tokens: torch.Tensor) -> SampledTokens:
+        return (SampledTokens(device_tokens) if self._mailbox is None
+                else self._mailbox.take(device_tokens))
 
     def describe(self) -> str:
         graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"
@@ -218,13 +257,13 @@ class ModelRunner:
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
             if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
-                return SampledTokens(self._greedy[: len(seqs)])
+                return self._tokens(self.decoder.inputs[0, : len(seqs)])
         else:
             positions, meta = plan.metadata(self.cache, model.device)
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
             logits = model.compute_logits(hidden, meta.last_rows)
-        return SampledTokens(sampler.sample(logits, st.temperature, st.top_k, st.top_p,
+        return self._tokens(sampler.sample(logits, st.temperature, st.top_k, st.top_p,
                                             st.seeds, st.steps, needs_filter=st.needs_filter,
                                             all_greedy=st.all_greedy))
 

@@ -15,27 +15,16 @@ kernel cannot raise: it writes NaN into that token's q and k and sets a device f
 `apply_rope_` reads the flag after the launch -- one host synchronization per call.
 check=False skips it (inside a CUDA graph, or when the caller validated the positions once
 per step, which is cheaper than once per layer); those calls share one flag per device that
-nobody reads, so they launch the kernel alone, not also a kernel that zeroes a new flag.
+nobody reads (course/error_flags.py), so they launch the kernel alone.
 """
 from __future__ import annotations
 
 import torch
 
 from course import parts
+from course.error_flags import error_flag
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
-# The flag of unchecked calls, per device: written by the kernel, never read.
-_unread_flags: dict[torch.device, torch.Tensor] = {}
-
-
-def _error_flag(device: torch.device, check: bool) -> torch.Tensor:
-    """A zeroed int32 flag for a checked call; the device's shared unread one otherwise."""
-    if check:
-        return torch.zeros(1, dtype=torch.int32, device=device)
-    flag = _unread_flags.get(device)
-    if flag is None:
-        flag = _unread_flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return flag
 
 
 def _check_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
@@ -105,7 +94,7 @@ def apply_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     _check_args(q, k, positions, cos_sin)
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the CUDA rope supports {SUPPORTED_DTYPES}, got {q.dtype}")
-    error = _error_flag(q.device, check)
+    error = error_flag(q.device, check)
     parts.kernels().apply_rope(q, k, positions, cos_sin, error)
     if check and bool(error.item()):  # .item() waits for the kernel: the one sync per call
         raise out_of_range_error(positions, cos_sin.shape[0]) or RuntimeError(

@@ -23,7 +23,12 @@ frozen at capture, so:
 What the step does with its hidden states can be recorded too: `head` (the engine passes the
 logits and the greedy argmax, so that a decode step of one sequence is one graph launch, not
 a graph and then the lm_head's and the argmax's launches; padding rows get logits and tokens
-of their own, ignored).
+of their own, ignored). The head is handed the graph's own ids row as well: the engine's
+argmax writes each row's token there, so the next step finds its input ids in place and
+nothing copies them.
+Between two steps the host's inputs go over by a kernel (pinned_copy.py), not by the copy
+engine: at batch 1 each copy-engine operation between two graphs left the GPU idle for
+microseconds (pinned_copy.cu).
 On a CPU (or with use_graphs=False) the same buffers run the forward eagerly.
 """
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch
 from course import parts
 
 _kv = parts.load("09", "kv_cache")
+copy_pinned = parts.load("10", "pinned_copy").copy_pinned
 AttentionMetadata = parts.load("08", "attention_metadata").AttentionMetadata
 
 # ids, positions, slot_mapping: one int64 row each of `inputs`
@@ -54,8 +60,9 @@ class DecodeGraphs:
     model: a stage-08 LlamaModel whose attention is stage 09's KVCacheAttention; cache: its
     KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__. max_blocks:
     the longest block table (1 for stage 09's cache: a sequence's block is its slot).
-    head: None, or a function of the step's hidden states [size, H] returning one tensor with
-    a row per sequence, recorded in the graph after the forward; `run` then returns its rows.
+    head: None, or a function of the step's hidden states [size, H] and the graph's ids row
+    [size] int64 (where it may write the next step's ids) returning one tensor with a row per
+    sequence, recorded in the graph after the forward; `run` then returns its rows.
     """
 
     def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
@@ -127,11 +134,12 @@ class DecodeGraphs:
             kv_cache=self.cache, slot_mapping=slots, seq_slots=tables[:, 0].contiguous(),
             block_tables=tables, context_lens=self.context_lens[:size], decode=True)
         hidden = self.model.forward(ids, positions, meta)
-        return hidden if self.head is None else self.head(hidden)
+        return hidden if self.head is None else self.head(hidden, ids)
 
     def capture(self) -> None:
         """Record one graph per batch size, largest first, in one shared memory pool."""
         self._fill([], [], [], [], [], self.max_batch)  # padding everywhere: harmless to run
+        self._send(ids_in_place=False)
         pool = None
         # TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)
         raise NotImplementedError("TODO stage 10: for each size, largest first: warm up with _step(size) and synchronize; capture _step(size) with torch.cuda.graph(graph, pool=pool); keep the graph and its output; share the first graph's pool (about 9 lines)")
@@ -155,26 +163,38 @@ class DecodeGraphs:
 
     def _fill(self, ids: list[int], positions: list[int], slot_mapping: list[int],
               context_lens: list[int], block_tables: list[list[int]], size: int) -> None:
-        """Write a step's inputs into the host buffer, pad rows up to `size`, copy it over."""
+        """Write a step's inputs into the host buffer and pad rows up to `size` (`_send` then
+        copies the buffer to the device)."""
         n = len(ids)
         self._write_tables(block_tables, size)
-        # TODO stage 10: the three rows of host_rows[:, :n] and host_lens[:n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 7 lines)
-        raise NotImplementedError("TODO stage 10: the three rows of host_rows[:, :n] and host_lens[:n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0); one non_blocking copy of host into device_buffer (about 7 lines)")
+        # TODO stage 10: the three rows of host_rows[:, :n] and host_lens[:n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0) (about 6 lines)
+        raise NotImplementedError("TODO stage 10: the three rows of host_rows[:, :n] and host_lens[:n]; padding rows n..size (id 0, position 0, slot_mapping = the pad slot's first row, pad_slot * block_size, context 0) (about 6 lines)")
+
+    def _send(self, ids_in_place: bool) -> None:
+        """The host buffer to the device buffer, queued (a kernel: pinned_copy.py). With
+        ids_in_place the ids row (the buffer's first max_batch entries) is left as it is: the
+        step before wrote this step's ids there."""
+        first = self.max_batch if ids_in_place else 0
+        copy_pinned(self.device_buffer[first:], self.host[first:])
 
     def run(self, ids: list[int], plan, ids_device: torch.Tensor | None = None
             ) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
         (plan.decode must be true). ids_device: [B] int64 on the device, the ids instead of
         `ids` when the host does not know them yet (the previous step's samples, still on the
-        GPU). Returns hidden [B, H] (or the head's first B rows), a view valid until the next
-        run."""
+        GPU); when they are the graph's own ids row (the head of the step before wrote them
+        there) nothing copies them. Returns hidden [B, H] (or the head's first B rows), a view
+        valid until the next run."""
         if not plan.decode or len(ids) != len(plan.positions):
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))
         self._use_host_buffer(1 - self._turn)
         self._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
                    plan.block_tables, size)
-        if ids_device is not None:   # queued after _fill's copy: it lands on top of `ids`
+        in_place = (ids_device is not None and ids_device.is_contiguous()
+                    and ids_device.data_ptr() == self.inputs.data_ptr())
+        self._send(in_place)
+        if ids_device is not None and not in_place:   # after _send: it lands on top of `ids`
             self.inputs[0, : len(ids)].copy_(ids_device)
         # TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)
         raise NotImplementedError("TODO stage 10: replay the graph of this size and return its output's first B rows; without graphs, run _step(size) eagerly (about 4 lines)")
