@@ -140,3 +140,21 @@ def test_scheduler_refuses_what_can_never_run():
         S.SchedulerConfig(max_model_len=64, max_num_seqs=0)
     with pytest.raises(ValueError, match="allocator"):
         S.Scheduler(S.SchedulerConfig(max_model_len=64))
+
+
+def test_token_mailbox_keeps_unread_tokens_apart():
+    """The runner's two token slots, taken in turn: a step's tokens stay readable when a third
+    step is queued before they are read (they are kept apart from the slot reused), and
+    each step reads its own tokens."""
+    from solutions.engine.model_runner import TokenMailbox
+    mailbox = TokenMailbox(4, pinned=False)
+    source = torch.tensor([1, 2, 3])
+    first = mailbox.take(source)
+    source.copy_(torch.tensor([4, 5, 6]))     # the device buffer is written again
+    second = mailbox.take(source[:2])
+    assert first.tolist() == [1, 2, 3] and second.tolist() == [4, 5]
+    third = mailbox.take(torch.tensor([7, 8, 9]))
+    unread = mailbox.take(torch.tensor([10]))           # reuses second's slot (read)
+    late = mailbox.take(torch.tensor([11, 12]))         # reuses third's slot, unread
+    assert third.tolist() == [7, 8, 9], "unread tokens must be kept apart before their slot is reused"
+    assert unread.tolist() == [10] and late.tolist() == [11, 12]

@@ -47,8 +47,9 @@ class SampledTokens:
     its input ids from there; a greedy decode step's are its graph's ids row, valid until the
     next decode step), `tolist()` once the step is done.
 
-    On CUDA the copy into `host` (pinned memory, [>= B] int64, one of the runner's
-    TokenMailbox slots) is queued behind the sampling and an event recorded after it; tolist()
+    On CUDA the copy into `host` (pinned memory, [>= B] int64: one of the runner's
+    TokenMailbox slots, or a buffer of its own) is queued behind the sampling and an event
+    recorded after it; tolist()
     waits for that event only. On the H200, reading the device tensor with .tolist() instead
     cost ~1 ms of idle GPU per step at batch 256 (engine step 3967 us, graph replay 2725 us):
     it waited for the step queued after this one as well.
@@ -58,13 +59,14 @@ class SampledTokens:
         self.device = device_tokens
         self._done = None
         self.read = False
+        if host is None:
+            host = torch.empty(device_tokens.shape, dtype=device_tokens.dtype,
+                               pin_memory=device_tokens.is_cuda)
+        # a copy also on a CPU: the tokens may be a buffer that the next step writes again
+        self._host = copy_pinned(host[: device_tokens.shape[0]], device_tokens)
         if device_tokens.is_cuda:
-            self._host = host[: device_tokens.shape[0]]
-            copy_pinned(self._host, device_tokens)
             self._done = torch.cuda.Event()
             self._done.record()
-        else:   # a copy: the tokens may be a buffer that the next step writes again
-            self._host = device_tokens.clone()
 
     def tolist(self) -> list[int]:
         if self._done is not None:
@@ -86,8 +88,8 @@ class TokenMailbox:
     enough; should a caller queue a third step first, the unread tokens of the slot it reuses
     are waited for and kept apart (SampledTokens.keep_own_copy), so no write lands on them."""
 
-    def __init__(self, rows: int):
-        self._slots = [torch.empty(rows, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+    def __init__(self, rows: int, pinned: bool):
+        self._slots = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._handed: list[SampledTokens | None] = [None, None]
         self._next = 0
 
@@ -206,7 +208,7 @@ class ModelRunner:
                                     use_graphs=use_graphs,
                                     max_blocks=self.max_blocks if self.paged else 1,
                                     head=self._logits_and_greedy)
-        self._mailbox = TokenMailbox(self.max_num_seqs) if model.device.type == "cuda" else None
+        self._mailbox = TokenMailbox(self.max_num_seqs, pinned=model.device.type == "cuda")
 
     def _logits_and_greedy(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """What a decode graph records after the forward: hidden [B, H] -> logits [B, V]
@@ -215,10 +217,6 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden, None)
         ops.get("argmax")(logits, next_ids)
         return logits
-
-    def _tokens(self, device_tokens: torch.Tensor) -> SampledTokens:
-        return (SampledTokens(device_tokens) if self._mailbox is None
-                else self._mailbox.take(device_tokens))
 
     def describe(self) -> str:
         graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"
@@ -257,15 +255,15 @@ class ModelRunner:
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
             if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
-                return self._tokens(self.decoder.inputs[0, : len(seqs)])
+                return self._mailbox.take(self.decoder.inputs[0, : len(seqs)])
         else:
             positions, meta = plan.metadata(self.cache, model.device)
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]
             hidden = model.forward(_kv.to_device(ids, torch.int64, model.device), positions, meta)
             logits = model.compute_logits(hidden, meta.last_rows)
-        return self._tokens(sampler.sample(logits, st.temperature, st.top_k, st.top_p,
-                                            st.seeds, st.steps, needs_filter=st.needs_filter,
-                                            all_greedy=st.all_greedy))
+        tokens = sampler.sample(logits, st.temperature, st.top_k, st.top_p, st.seeds, st.steps,
+                                needs_filter=st.needs_filter, all_greedy=st.all_greedy)
+        return self._mailbox.take(tokens)
 
     def _sampling_tensors(self, seqs: list) -> sampler.SamplingTensors:
         """The sampler's rows for these sequences. A batch whose every request is greedy needs
