@@ -47,21 +47,17 @@ class SampledTokens:
     its input ids from there; a greedy decode step's are its graph's ids row, valid until the
     next decode step), `tolist()` once the step is done.
 
-    On CUDA the copy into `host` (pinned memory, [>= B] int64: one of the runner's
-    TokenMailbox slots, or a buffer of its own) is queued behind the sampling and an event
-    recorded after it; tolist()
-    waits for that event only. On the H200, reading the device tensor with .tolist() instead
+    The tokens are copied into `host` ([>= B] int64, a TokenMailbox slot: pinned memory on
+    CUDA), on CUDA queued behind the sampling with an event recorded after it; tolist() waits
+    for that event only. On the H200, reading the device tensor with .tolist() instead
     cost ~1 ms of idle GPU per step at batch 256 (engine step 3967 us, graph replay 2725 us):
     it waited for the step queued after this one as well.
     """
 
-    def __init__(self, device_tokens: torch.Tensor, host: torch.Tensor | None = None):
+    def __init__(self, device_tokens: torch.Tensor, host: torch.Tensor):
         self.device = device_tokens
         self._done = None
         self.read = False
-        if host is None:
-            host = torch.empty(device_tokens.shape, dtype=device_tokens.dtype,
-                               pin_memory=device_tokens.is_cuda)
         # a copy also on a CPU: the tokens may be a buffer that the next step writes again
         self._host = copy_pinned(host[: device_tokens.shape[0]], device_tokens)
         if device_tokens.is_cuda:

@@ -66,7 +66,8 @@ class DecodeGraphs:
     """
 
     def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
-                 max_blocks: int = 1, head: Callable[[torch.Tensor], torch.Tensor] | None = None):
+                 max_blocks: int = 1,
+                 head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.cache, self.max_batch, self.head = model, cache, max_batch, head
