@@ -335,8 +335,14 @@ struct Prologue {
 // the only one: the second pass then waits for no load). s waits in xs between the two passes
 // (registers would hold up to 8 packs a thread: 160 registers, one block per SM instead of
 // two). Ends with a barrier: xs is complete.
+// Every rounding to bf16 here converts two values at once (vec.cuh's pack_bf16, one F2FP
+// instruction): a conversion of one value (__float2bfloat16_rn, F2F) issues at 16 a clock on
+// an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200,
+// twenty-ninth session: 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
+// thread has one piece at hidden 2048, and the unrolled copies only lengthened the code a
+// cold block runs once (-4 us of the 12).
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, const Prologue& pro,
-                                        const BF8& w0, float* warp_sums) {
+                                        const uint4& w0, float* warp_sums) {
   const int tid = threadIdx.x;
   if (pro.norm == nullptr) {
     for (int i = tid; i < pieces; i += kTmaThreads) xs[i] = xg[i];
@@ -347,17 +353,26 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, 
   const int mine = static_cast<int>(static_cast<int64_t>(blockIdx.x) * pieces / gridDim.x);
   const int next = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * pieces / gridDim.x);
   float sq = 0.f;
+#pragma unroll 1
   for (int i = tid; i < pieces; i += kTmaThreads) {
-    BF8 s = as_bf8(xg[i]);
+    uint4 s = xg[i];
+    uint32_t* sw = words(s);
     if (add != nullptr) {
-      const BF8 r = as_bf8(add[i]);
+      uint4 r = add[i];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s.v[e] = __float2bfloat16_rn(to_float(s.v[e]) + to_float(r.v[e]));
-      if (pro.sum != nullptr && i >= mine && i < next) reinterpret_cast<BF8*>(pro.sum)[i] = s;
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = unpack_bf16(sw[k]), b = unpack_bf16(words(r)[k]);
+        sw[k] = pack_bf16(a.x + b.x, a.y + b.y);
+      }
+      if (pro.sum != nullptr && i >= mine && i < next) reinterpret_cast<uint4*>(pro.sum)[i] = s;
     }
 #pragma unroll
-    for (int e = 0; e < 8; ++e) sq += to_float(s.v[e]) * to_float(s.v[e]);
-    reinterpret_cast<BF8*>(xs)[i] = s;
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = unpack_bf16(sw[k]);
+      sq += a.x * a.x;
+      sq += a.y * a.y;
+    }
+    xs[i] = s;
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, offset);
@@ -368,15 +383,16 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, 
   for (int w = 0; w < kTmaWarps; ++w) total += warp_sums[w];
   const float inv_rms = rsqrtf(total / static_cast<float>(pieces * 8) + pro.eps);
   const uint4* norm = reinterpret_cast<const uint4*>(pro.norm);
+#pragma unroll 1
   for (int i = tid; i < pieces; i += kTmaThreads) {  // the same pieces as above: no barrier
-    const BF8 s = reinterpret_cast<const BF8*>(xs)[i], w = i == tid ? w0 : as_bf8(norm[i]);
-    BF8 o;
+    uint4 s = xs[i], w = i == tid ? w0 : norm[i], o;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float normed = to_float(__float2bfloat16_rn(to_float(s.v[e]) * inv_rms));
-      o.v[e] = __float2bfloat16_rn(to_float(w.v[e]) * normed);
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = unpack_bf16(words(s)[k]), g = unpack_bf16(words(w)[k]);
+      const float2 normed = unpack_bf16(pack_bf16(v.x * inv_rms, v.y * inv_rms));
+      words(o)[k] = pack_bf16(g.x * normed.x, g.y * normed.y);
     }
-    reinterpret_cast<BF8*>(xs)[i] = o;
+    xs[i] = o;
   }
   __syncthreads();
 }
@@ -442,8 +458,8 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
   __syncthreads();  // the barriers are initialized before anyone waits on them
   if (tid == 0)
     for (int k = 0; k < kTmaStages; ++k) request(k);  // before the wait: weights only
-  BF8 w0{};  // no kernel writes the norm's weight: read before the wait
-  if (pro.norm != nullptr && tid < pieces) w0 = as_bf8(reinterpret_cast<const uint4*>(pro.norm)[tid]);
+  uint4 w0{};  // no kernel writes the norm's weight: read before the wait
+  if (pro.norm != nullptr && tid < pieces) w0 = reinterpret_cast<const uint4*>(pro.norm)[tid];
   wait_for_previous_kernel();
   stage_x(xs, reinterpret_cast<const uint4*>(x), pieces, pro, w0, warp_sums);
   const int h = warp * kTmaRun / half, first = warp * kTmaRun % half;  // this warp's run
