@@ -369,7 +369,7 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
           lo = hi = 0x7fc07fc0u;  // two bf16 NaNs each
           continue;
         }
-        rotate_packed(lo, hi, s_rope, i, half);
+        rotate_packed(lo, hi, s_rope + i, s_rope + half + i);
       }
     }
     return;
@@ -389,7 +389,7 @@ __device__ __forceinline__ void rotate_q(uint32_t (&qf)[kD / 16][4],
       const uint32_t other =
           *reinterpret_cast<const uint32_t*>(q_rows + row * d + (first ? col + half : i));
       uint32_t lo = first ? qf[kk][r] : other, hi = first ? other : qf[kk][r];
-      rotate_packed(lo, hi, s_rope, i, half);
+      rotate_packed(lo, hi, s_rope + i, s_rope + half + i);
       qf[kk][r] = first ? lo : hi;
     }
   }
