@@ -29,7 +29,7 @@ def verdict(target: str, value: float | None, goal: float, unit: str,
     else:
         share = value / goal if higher_is_better else goal / value
         text = (f"MISSED by {_fmt(gap, unit)}: {_fmt(value, unit)} against "
-                f"{_fmt(goal, unit)} ({100 * share:.0f}% of the goal)")
+                f"{_fmt(goal, unit)} ({100 * share:.1f}% of the goal)")
     return {"target": target, "value": value, "goal": goal, "met": met,
             "text": text + (f"; {detail}" if detail else "")}
 
@@ -41,8 +41,8 @@ def _fmt(x: float, unit: str) -> str:
         return f"{x:,.0f} tok/s"
     if unit == "ms":
         return f"{x:.3f} ms"
-    if unit == "%":
-        return f"{100 * x:.0f}%"
+    if unit == "%":  # one decimal: a share just short of its goal must not read as the goal
+        return f"{100 * x:.1f}%"
     return f"{x:g} {unit}"
 
 
