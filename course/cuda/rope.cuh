@@ -35,8 +35,8 @@ __device__ __forceinline__ void rotate_pair(float& x1, float& x2, float cos_v, f
 }
 
 // Two of stage 05's pairs in two words of two bf16, in place: `first` holds dims i and i + 1,
-// `second` dims i + d/2 and i + 1 + d/2; cos_v, sin_v point at dim i's angle's, dim i + 1's
-// next to it (stage 14 rotates q in its mma fragments this way).
+// `second` dims i + d/2 and i + 1 + d/2; cos_v[0], sin_v[0] are pair i's angle's, cos_v[1],
+// sin_v[1] pair i + 1's (stage 14 rotates q in its mma fragments this way).
 __device__ __forceinline__ void rotate_packed(uint32_t& first, uint32_t& second,
                                               const float* cos_v, const float* sin_v) {
   float2 x1 = unpack_bf16(first), x2 = unpack_bf16(second);

@@ -283,8 +283,8 @@ struct Prologue {
 // instruction): a conversion of one value (__float2bfloat16_rn, F2F) issues at 16 a clock on
 // an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200,
 // twenty-ninth session: 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
-// thread has one piece at hidden 2048, and the unrolled copies only lengthened the code a
-// cold block runs once (-4 us of the 12).
+// thread has one piece at hidden 2048, and the unrolled copies only tripled the code a block
+// runs once, cold (rolling them alone gave 4 of those 12 us).
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, const Prologue& pro,
                                         const uint4& w0, float* warp_sums) {
   const int tid = threadIdx.x;
