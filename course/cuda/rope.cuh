@@ -48,8 +48,6 @@ __device__ __forceinline__ void rotate_packed(uint32_t& first, uint32_t& second,
 // 8 pairs: lo holds x[i .. i + 7], hi x[i + d/2 .. i + d/2 + 7]; cos_v, sin_v their angles'.
 __device__ __forceinline__ void rotate(Pack<__nv_bfloat16, 8>& lo, Pack<__nv_bfloat16, 8>& hi,
                                        const float* cos_v, const float* sin_v) {
-  uint32_t* first = reinterpret_cast<uint32_t*>(&lo);
-  uint32_t* second = reinterpret_cast<uint32_t*>(&hi);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) rotate_packed(first[k], second[k], cos_v + 2 * k, sin_v + 2 * k);
+  for (int k = 0; k < 4; ++k) rotate_packed(words(lo)[k], words(hi)[k], cos_v + 2 * k, sin_v + 2 * k);
 }

@@ -22,8 +22,13 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t r) {
   return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
 }
 
-// A 16-byte pack as its four 32-bit words of two bf16 each, to convert two values at a time.
-__device__ __forceinline__ uint32_t* words(uint4& pack) { return reinterpret_cast<uint32_t*>(&pack); }
+// A 16-byte pack (a uint4, a Pack of 8 bf16) as its four 32-bit words of two bf16 each, to
+// convert two values at a time.
+template <typename P>
+__device__ __forceinline__ uint32_t* words(P& pack) {
+  static_assert(sizeof(P) == 16, "words: a 16-byte pack");
+  return reinterpret_cast<uint32_t*>(&pack);
+}
 
 // Two floats -> one register of two bf16, the first in the low half (the lower column).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

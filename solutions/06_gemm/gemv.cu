@@ -356,19 +356,18 @@ __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, 
 #pragma unroll 1
   for (int i = tid; i < pieces; i += kTmaThreads) {
     uint4 s = xg[i];
-    uint32_t* sw = words(s);
     if (add != nullptr) {
       uint4 r = add[i];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const float2 a = unpack_bf16(sw[k]), b = unpack_bf16(words(r)[k]);
-        sw[k] = pack_bf16(a.x + b.x, a.y + b.y);
+        const float2 a = unpack_bf16(words(s)[k]), b = unpack_bf16(words(r)[k]);
+        words(s)[k] = pack_bf16(a.x + b.x, a.y + b.y);
       }
       if (pro.sum != nullptr && i >= mine && i < next) reinterpret_cast<uint4*>(pro.sum)[i] = s;
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float2 a = unpack_bf16(sw[k]);
+      const float2 a = unpack_bf16(words(s)[k]);
       sq += a.x * a.x;
       sq += a.y * a.y;
     }
