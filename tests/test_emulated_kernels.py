@@ -137,6 +137,11 @@ PAGED_CASES = {
     "new-token-late-step": (2, 32, 8, 64, [200, 37], {"new": True}),
     "new-token-d128-group-24": (2, 48, 2, 128, [50, 100], {"new": True}),
     "new-token-bad-position": (2, 32, 8, 64, [40, 50], {"new": True, "bad_position": 1}),
+    # grids of fewer blocks than the emulator's 4 SMs take the deeper ring (kFewBlocksStages):
+    # a warp's 4 steps all copied up front, the new key's among them (stored first); and a ring
+    # that wraps around many times
+    "few-blocks-new-token": (1, 8, 2, 64, [250], {"new": True}),
+    "few-blocks-long": (1, 12, 3, 64, [700], {}),
     # head dims the kernel is not built for: the 128 build, stage 05's pairs d/2 apart (in
     # another fragment at 96, in another lane at 40 and 120)
     "new-token-d96": (2, 8, 2, 96, [77, 16], {"new": True}),

@@ -136,9 +136,16 @@ struct Running {
 // Ring slots per warp: kStages - 1 steps in flight. 2 at head_dim 64, 1 at 128 (chosen when
 // rows were padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
 // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured). At head_dim 64 a grid
-// that is one full wave takes 1 (launch_dim: "One wave, one step in flight" in the lesson).
+// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim: "One wave, one
+// step in flight" and "Fewer blocks than SMs" in the lesson).
 template <int kD>
 constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
+
+// Ring slots a warp when the grid has fewer blocks than the GPU has SMs (a decode step of one
+// or a few sequences): one more than a warp's steps of a whole short sequence (kWholeKeys
+// keys, 4 steps a warp), so that all of them are in flight at once. 80 KB a block at head_dim
+// 64 (every sm_80+ GPU allows 99 KB or more); used at head_dim 64 only (launch_dim).
+constexpr int kFewBlocksStages = kWholeKeys / (kWarps * kStepKeys) + 1;
 
 // Blocks an SM holds (the kernel's launch bound): at head_dim 64 what 48 KB of shared memory a
 // block (kDefaultStages) allows, and the registers that bound leaves each thread.
@@ -154,7 +161,8 @@ struct Smem {
   static constexpr int kSlot = 2 * kStepKeys * kD;  // bf16
   static constexpr size_t kRings = static_cast<size_t>(kWarps) * kStages * kSlot * 2;
   static constexpr size_t kMerge = static_cast<size_t>(kWarps) * kRows * (kD + 2) * 4;
-  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;  // 48 KB (64, 3), 64 (128, 2)
+  // 48 KB at (64, 3), 80 at (64, 5), 64 at (128, 2)
+  static constexpr size_t kBytes = kRings > kMerge ? kRings : kMerge;
 };
 
 // S = Q K^T for one step: qf[kk], the A fragment of the query heads' dims 16kk .. 16kk + 15;
@@ -526,7 +534,9 @@ tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
 // with 12 to 16 warps from the first key to the last, and two steps in flight a warp ask the
 // memory system for more than it serves well: one step a warp read batch 64 x 1024 3% faster
 // on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
-// 1) were 3-5% slower with it (lesson 14).
+// 1) were 3-5% slower with it. Fewer blocks than SMs, every step in flight: a block has an SM
+// to itself and its warps' steps are a chain of memory latencies, so each warp copies all of
+// a short sequence's steps at once (kFewBlocksStages; lesson 14).
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
   if constexpr (kD == 64) {
@@ -535,6 +545,7 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
         static_cast<int64_t>(batch) * p.partitions * p.n_kv_heads * p.head_chunks;
     if (sms > 0 && (kBlocksPerSm<kD> - 1) * sms <= blocks && blocks <= kBlocksPerSm<kD> * sms)
       return launch_rows<kD, 2>(p, batch, stream);
+    if (sms > 0 && blocks < sms) return launch_rows<kD, kFewBlocksStages>(p, batch, stream);
   }
   return launch_rows<kD, kDefaultStages<kD>>(p, batch, stream);
 }
