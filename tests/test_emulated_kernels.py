@@ -305,11 +305,13 @@ extern "C" const char* emu_gemv_tma(const void* x, const void* w, void* y, int f
 // ... with the RMSNorm prologue (launch_gemv_norm's kernel)
 extern "C" const char* emu_gemv_tma_norm(const void* x, const void* add, void* sum,
                                          const void* norm, float eps, const void* w, void* y,
-                                         int in_features, int out_features, int pair) {
+                                         int f32, int in_features, int out_features, int pair) {
   const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),
                      static_cast<const __nv_bfloat16*>(norm), eps};
-  EMU_CALL(launch_tma(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w),
-                      static_cast<__nv_bfloat16*>(y), in_features, out_features, pair, nullptr, pro));
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  if (f32) EMU_CALL(launch_tma(xb, wb, static_cast<float*>(y), in_features, out_features, pair, nullptr, pro));
+  EMU_CALL(launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), in_features, out_features, pair, nullptr, pro));
 }
 """
 
@@ -389,40 +391,47 @@ def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
     torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
 
 
-# (in, out, pair, add): the one-token GEMV with a decoder layer's RMSNorm as its prologue --
-# after the residual add (the new stream stored, each block its share: 45 rows on the
-# emulated 8 blocks), paired (gate_up with SiLU-mul), without the add (layer 0), 8192 columns
-# (four pieces of x per thread).
-@pytest.mark.parametrize("in_features,out_features,pair,add", [
-    (2048, 45, False, True), (2048, 40, True, True), (8192, 20, False, False),
-    (4096, 30, True, False)])
-def test_gemv_tma_kernel_with_rmsnorm_in_the_emulator(in_features, out_features, pair, add):
+# (in, out, pair, add, f32): the one-token GEMV with a decoder layer's RMSNorm as its
+# prologue -- after the residual add (the new stream stored, each block its share: 45 rows on
+# the emulated 8 blocks), paired (gate_up with SiLU-mul), without the add (layer 0), 8192
+# columns (four pieces of x per thread), float32 out (the model's final norm and lm_head).
+@pytest.mark.parametrize("in_features,out_features,pair,add,f32", [
+    (2048, 45, False, True, False), (2048, 40, True, True, False),
+    (8192, 20, False, False, False), (4096, 30, True, False, False),
+    (2048, 45, False, True, True)])
+def test_gemv_tma_kernel_with_rmsnorm_in_the_emulator(in_features, out_features, pair, add,
+                                                      f32):
     """Against stage 04's twin (fused_add_rmsnorm_native, or rmsnorm_native without the add)
-    followed by linear_native (and silu_mul_native when paired)."""
+    followed by linear_native (and silu_mul_native when paired; float32 out: linear_native's
+    float32 product, no bf16 rounding)."""
     fused = _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv_tma_norm",
                            [ctypes.c_void_p] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 2
-                           + [ctypes.c_int] * 3)
+                           + [ctypes.c_int] * 4)
     g = torch.Generator().manual_seed(in_features + out_features + 1)
     x = torch.randn(1, in_features, generator=g).bfloat16()
     residual = torch.randn(1, in_features, generator=g).bfloat16()
     norm = (1 + 0.1 * torch.randn(in_features, generator=g)).bfloat16()
     rows = 2 * out_features if pair else out_features
     w = (torch.randn(rows, in_features, generator=g) * in_features ** -0.5).bfloat16()
-    y = torch.full((1, out_features), 7.0, dtype=torch.bfloat16)
+    y = torch.full((1, out_features), 7.0, dtype=torch.float32 if f32 else torch.bfloat16)
     stream = torch.full((1, in_features), 7.0, dtype=torch.bfloat16)
     eps = 1e-5
     _ok(fused(x.data_ptr(), residual.data_ptr() if add else None,
               stream.data_ptr() if add else None, norm.data_ptr(), eps, w.data_ptr(),
-              y.data_ptr(), in_features, out_features, out_features if pair else 0))
+              y.data_ptr(), int(f32), in_features, out_features, out_features if pair else 0))
     rms = parts.reference("04", "rmsnorm")
     if add:
         normed, new_stream = rms.fused_add_rmsnorm_native(x, residual, norm, eps)
         assert torch.equal(stream, new_stream), "the stream x + add must be stored, every element"
     else:
         normed = rms.rmsnorm_native(x, norm, eps)
-    plain = parts.reference("06", "linear").linear_native(normed, w)
+    plain = parts.reference("06", "linear").linear_native(
+        normed, w, out_dtype=torch.float32 if f32 else None)
     expected = parts.reference("08", "activation").silu_mul_native(plain) if pair else plain
-    torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    if f32:  # float32 sums in another order, of the same bf16 inputs
+        torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4)
+    else:
+        torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
 
 
 DECODE_SHIM = CALL + """

@@ -62,6 +62,40 @@ def test_add_rmsnorm_linear_equals_norm_then_linear(seed, tokens, in_features, o
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_add_rmsnorm_linear_gives_float32_logits(seed, tokens):
+    """out_dtype=torch.float32 (the model's final norm and lm_head, LlamaModel.stream_logits):
+    y keeps the float32 accumulator -- no bf16 rounding of the scores -- and equals the norm,
+    then linear(out_dtype=float32); on sm_90 one token is still one kernel, no RMSNorm beside
+    it."""
+    gen = checks.generator("cuda", seed)
+    x = checks.randn((tokens, 2048), torch.bfloat16, "cuda", gen)
+    residual = checks.randn((tokens, 2048), torch.bfloat16, "cuda", gen)
+    norm = (1 + 0.1 * checks.randn((2048,), torch.float32, "cuda", gen)).bfloat16()
+    w = (checks.randn((5000, 2048), torch.float32, "cuda", gen) * 2048 ** -0.5).bfloat16()
+    op = ops.get("add_rmsnorm_linear")
+    normed, _ = parts.reference("04", "rmsnorm").fused_add_rmsnorm_native(x.clone(),
+                                                                         residual.clone(), norm,
+                                                                         1e-5)
+    (y, _), ran = checks.kernels_of(
+        lambda: op(x.clone(), residual.clone(), norm, 1e-5, w, out_dtype=torch.float32))
+    assert y.dtype == torch.float32 and y.shape == (tokens, 5000), (
+        f"logits are [tokens, out] float32, got {tuple(y.shape)} {y.dtype}")
+    expected = F.linear(normed.float(), w.float())
+    # x is bf16 either way: the difference is the order of float32 sums, and a bf16 step of x
+    # where the norm's sum of squares came out a rounding apart
+    checks.assert_close(y, expected, dtype=torch.bfloat16, what="float32 logits of rmsnorm(x + r)")
+    assert (y.view(torch.int32) & 0xFFFF).any(), (
+        "every logit has the low 16 bits of a bf16: rounded to bf16, not float32 accumulators")
+    one_kernel = tokens == 1 and _hopper()
+    tma = [n for n in ran if "gemv_kernel_tma" in n]
+    norms = [n for n in ran if "rmsnorm" in n]
+    assert bool(tma and not norms) == one_kernel, f"the GPU ran {sorted(set(ran))}"
+    with pytest.raises(ValueError, match="silu_mul"):
+        op(x, residual, norm, 1e-5, torch.cat([w, w]), silu_mul=True, out_dtype=torch.float32)
+
+
+@pytest.mark.gpu
 def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
     """The binding names what is wrong: two tokens, a norm of the wrong length, a paired
     weight of the wrong height, a sum that is x itself, a misaligned norm weight."""
@@ -81,6 +115,8 @@ def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
         k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w[:63], out, 31)
     with pytest.raises(RuntimeError, match="own buffer"):
         k.rmsnorm_linear(x[:1], x[1:], x[:1], norm, 1e-5, w, out, 0)
+    with pytest.raises(RuntimeError, match="out must be|expected"):  # float32 out, paired
+        k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w, out.float()[:, :32], 32)
     flat = torch.ones(2056, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         k.rmsnorm_linear(x[:1], None, None, flat[1:2049], 1e-5, w, out, 0)

@@ -71,14 +71,15 @@ def test_decode_graphs_run_decode_steps_only(model):
 def test_decode_graphs_inputs_and_head(model):
     """The step's inputs land in the kernels' dtypes (context lengths and block tables int32,
     no cast in the step), padding rows attend over nothing, and a head runs after the forward:
-    its rows are what run returns, equal to the head applied to the hidden states without it."""
+    its rows are what run returns: given the final norm's inputs, the logits it makes equal the
+    lm_head's of the hidden states that a run without a head returns."""
     cache = kv().KVCache.for_model(model, num_slots=3, max_len=32)
     model.attention = kv().KVCacheAttention()
     graphs = parts.reference("10", "decode_graphs").DecodeGraphs
     plan = kv().StepPlan.build([kv().SeqStep([1], 5, 1), kv().SeqStep([0], 2, 1),
                                 kv().SeqStep([2], 0, 1)], cache)      # padded to 4 rows
     logits = graphs(model, cache, max_batch=4, use_graphs=False,
-                    head=lambda h, ids: model.compute_logits(h, None)).run([7, 9, 4], plan)
+                    head=lambda stream, ids: model.stream_logits(*stream)).run([7, 9, 4], plan)
     assert logits.shape == (3, model.config.vocab_size)
     plain = graphs(model, cache, max_batch=4, use_graphs=False)
     hidden = plain.run([7, 9, 4], plan)
@@ -98,8 +99,8 @@ def test_decode_graphs_head_writes_the_next_ids_in_place(model):
     model.attention = kv().KVCacheAttention()
     graphs = parts.reference("10", "decode_graphs").DecodeGraphs
 
-    def greedy(hidden, next_ids):
-        logits = model.compute_logits(hidden, None)
+    def greedy(stream, next_ids):
+        logits = model.stream_logits(*stream)
         next_ids.copy_(logits.argmax(dim=-1))
         return logits
 

@@ -15,8 +15,9 @@ tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, in
                                   int64_t in_features, int64_t inter, cudaStream_t stream);
 bool gemv_norm_fits(int64_t in_features, int64_t out_features);
 tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
-                              float eps, const void* weight, void* y, int64_t in_features,
-                              int64_t out_features, int64_t inter, cudaStream_t stream);
+                              float eps, const void* weight, void* y, bool y_f32,
+                              int64_t in_features, int64_t out_features, int64_t inter,
+                              cudaStream_t stream);
 
 namespace {
 
@@ -83,7 +84,9 @@ void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
   tvllm::check_tensor(x, "x", at::kBFloat16, 2);
   tvllm::check_tensor(norm, "norm", at::kBFloat16, 1);
   tvllm::check_tensor(weight, "weight", at::kBFloat16, 2);
-  tvllm::check_tensor(out, "out", at::kBFloat16, 2);
+  // out: bf16, or float32 for logits (the lm_head after the final norm); paired: bf16
+  const bool out_f32 = out.scalar_type() == at::kFloat && inter == 0;
+  tvllm::check_tensor(out, "out", out_f32 ? at::kFloat : at::kBFloat16, 2);
   tvllm::check_same_device(x, norm);
   tvllm::check_same_device(x, weight);
   tvllm::check_same_device(x, out);
@@ -107,8 +110,8 @@ void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
   tvllm::check_launch(
       launch_gemv_norm(x.data_ptr(), add ? add->data_ptr() : nullptr,
                        sum ? sum->data_ptr() : nullptr, norm.data_ptr(), static_cast<float>(eps),
-                       weight.data_ptr(), out.data_ptr(), x.size(1), weight.size(0), inter,
-                       tvllm::stream()),
+                       weight.data_ptr(), out.data_ptr(), out_f32, x.size(1), weight.size(0),
+                       inter, tvllm::stream()),
       "rmsnorm_linear");
 }
 

@@ -640,24 +640,30 @@ bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
 // y = rmsnorm(x + add) @ weight^T for one bf16 token, the norm as gemv_kernel_tma's prologue;
 // with inter > 0 the product is linear_silu_mul's (weight [2 inter, in], y [1, inter]).
 // x, add, sum, norm: [1, in] bf16 (add, sum may be null: no add, the sum not stored; sum never
-// x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16.
+// x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16, or
+// float32 when y_f32 (not paired: the logits of the lm_head after the model's final norm).
 // gemv_norm_fits(in, out) must hold.
 tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
-                              float eps, const void* weight, void* y, int64_t in_features,
-                              int64_t out_features, int64_t inter, cudaStream_t stream) {
+                              float eps, const void* weight, void* y, bool y_f32,
+                              int64_t in_features, int64_t out_features, int64_t inter,
+                              cudaStream_t stream) {
   if (!gemv_norm_fits(in_features, out_features) ||
       !gemv_fits(true, 1, in_features, out_features, x, weight))
     return "gemv with RMSNorm: needs the bulk-copy GEMV (an sm_90 build, one token, "
            "in_features a multiple of 2048) and 16-byte aligned x and weight";
-  if ((inter > 0 && out_features != 2 * inter) || (sum != nullptr && (sum == x || sum == add)))
-    return "gemv with RMSNorm: a paired weight has 2 * inter rows, and sum must be its own buffer";
+  if ((inter > 0 && (out_features != 2 * inter || y_f32)) ||
+      (sum != nullptr && (sum == x || sum == add)))
+    return "gemv with RMSNorm: a paired weight has 2 * inter rows and a bf16 y, and sum must be "
+           "its own buffer";
   for (const void* p : {add, static_cast<const void*>(sum), norm})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       return "gemv with RMSNorm: add, sum and the norm's weight must be 16-byte aligned";
   const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),
                      static_cast<const __nv_bfloat16*>(norm), eps};
   const int n = static_cast<int>(inter > 0 ? inter : out_features);
-  return launch_tma(static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
-                    static_cast<__nv_bfloat16*>(y), static_cast<int>(in_features), n,
-                    static_cast<int>(inter), stream, pro);
+  const auto* xb = static_cast<const __nv_bfloat16*>(x);
+  const auto* wb = static_cast<const __nv_bfloat16*>(weight);
+  const int k = static_cast<int>(in_features), pair = static_cast<int>(inter);
+  return y_f32 ? launch_tma(xb, wb, static_cast<float*>(y), k, n, pair, stream, pro)
+               : launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), k, n, pair, stream, pro);
 }

@@ -28,6 +28,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -119,10 +120,14 @@ __device__ __forceinline__ ArgBest block_argmax(const T* __restrict__ row, int b
 // pair in partial[i] and takes a ticket from its row's counter; the block that draws the last
 // ticket combines the row's pairs, writes the answer and sets the counter back to 0 (stage 14
 // merges its split-K partitions the same way).
+// Launched early (pdl.cuh) behind the lm_head: its blocks are in place when the logits are done,
+// and the wait returns then, where a normal launch would only begin.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
 argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab, int pieces,
               int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets) {
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
   const int begin = piece * span;
   ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
@@ -174,7 +179,7 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
                                   void* partial, int32_t* tickets, cudaStream_t stream) {
   if (rows == 0) return TVLLM_OK;
   if (vocab <= 0 || vocab >= INT_MAX / 2) return "vocab size out of range";
-  // BEGIN SOLUTION: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads | return "{todo}";
+  // BEGIN SOLUTION: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh) | return "{todo}";
   constexpr int kVec = 16 / sizeof(T);
   const bool packed = vocab % kVec == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
   int span = 0;
@@ -183,14 +188,13 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
     return "a row in several pieces needs partial pairs and tickets";
   }
   auto* pairs = static_cast<ArgBest*>(partial);
-  if (packed) {
-    argmax_kernel<T, kVec><<<rows * pieces, kThreads, 0, stream>>>(
-        logits, out, static_cast<int>(vocab), pieces, span, pairs, tickets);
-  } else {
-    argmax_kernel<T, 1><<<rows * pieces, kThreads, 0, stream>>>(
-        logits, out, static_cast<int>(vocab), pieces, span, pairs, tickets);
-  }
-  return TVLLM_OK;
+  const dim3 grid(static_cast<unsigned>(rows * pieces));
+  const cudaError_t err =
+      packed ? launch_early(argmax_kernel<T, kVec>, grid, dim3(kThreads), 0, stream, logits, out,
+                            static_cast<int>(vocab), pieces, span, pairs, tickets)
+             : launch_early(argmax_kernel<T, 1>, grid, dim3(kThreads), 0, stream, logits, out,
+                            static_cast<int>(vocab), pieces, span, pairs, tickets);
+  return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
   // END SOLUTION
 }
 

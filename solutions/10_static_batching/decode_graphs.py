@@ -23,7 +23,9 @@ frozen at capture, so:
 What the step does with its hidden states can be recorded too: `head` (the engine passes the
 logits and the greedy argmax, so that a decode step of one sequence is one graph launch, not
 a graph and then the lm_head's and the argmax's launches; padding rows get logits and tokens
-of their own, ignored). The head is handed the graph's own ids row as well: the engine's
+of their own, ignored). A head is handed the final RMSNorm's inputs, not its output
+(`forward(..., final_norm=False)`): `LlamaModel.stream_logits` runs the norm and the lm_head
+as one op, at batch 1 one kernel. The head is handed the graph's own ids row as well: the engine's
 argmax writes each row's token there, so the next step finds its input ids in place and
 nothing copies them.
 Between two steps the host's inputs go over by a kernel (pinned_copy.py), not by the copy
@@ -60,9 +62,11 @@ class DecodeGraphs:
     model: a stage-08 LlamaModel whose attention is stage 09's KVCacheAttention; cache: its
     KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__. max_blocks:
     the longest block table (1 for stage 09's cache: a sequence's block is its slot).
-    head: None, or a function of the step's hidden states [size, H] and the graph's ids row
-    [size] int64 (where it may write the next step's ids) returning one tensor with a row per
-    sequence, recorded in the graph after the forward; `run` then returns its rows.
+    head: None, or a function of the final RMSNorm's inputs (h, residual), [size, H] each
+    (forward with final_norm=False; LlamaModel.stream_logits makes logits of them), and the
+    graph's ids row [size] int64 (where it may write the next step's ids) returning one tensor
+    with a row per sequence, recorded in the graph after the forward; `run` then returns its
+    rows.
     """
 
     def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
@@ -134,8 +138,9 @@ class DecodeGraphs:
             max_seqlen_q=1, max_seqlen_k=self.cache.max_len, last_rows=self.rows[:size],
             kv_cache=self.cache, slot_mapping=slots, seq_slots=tables[:, 0].contiguous(),
             block_tables=tables, context_lens=self.context_lens[:size], decode=True)
-        hidden = self.model.forward(ids, positions, meta)
-        return hidden if self.head is None else self.head(hidden, ids)
+        if self.head is None:
+            return self.model.forward(ids, positions, meta)
+        return self.head(self.model.forward(ids, positions, meta, final_norm=False), ids)
 
     def capture(self) -> None:
         """Record one graph per batch size, largest first, in one shared memory pool."""

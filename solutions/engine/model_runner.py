@@ -206,11 +206,12 @@ class ModelRunner:
                                     head=self._logits_and_greedy)
         self._mailbox = TokenMailbox(self.max_num_seqs, pinned=model.device.type == "cuda")
 
-    def _logits_and_greedy(self, hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """What a decode graph records after the forward: hidden [B, H] -> logits [B, V]
-        float32, and each row's argmax into next_ids [B], the graph's ids row (all that a
-        greedy batch needs: the next step's ids are then in place)."""
-        logits = self.model.compute_logits(hidden, None)
+    def _logits_and_greedy(self, stream: tuple[torch.Tensor, torch.Tensor],
+                           next_ids: torch.Tensor) -> torch.Tensor:
+        """What a decode graph records after the forward: the final norm's inputs (h,
+        residual) [B, H] -> logits [B, V] float32, and each row's argmax into next_ids [B], the
+        graph's ids row (all that a greedy batch needs: the next step's ids are then in place)."""
+        logits = self.model.stream_logits(*stream)
         ops.get("argmax")(logits, next_ids)
         return logits
 

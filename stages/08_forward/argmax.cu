@@ -28,6 +28,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -80,10 +81,14 @@ __device__ __forceinline__ ArgBest block_argmax(const T* __restrict__ row, int b
 // pair in partial[i] and takes a ticket from its row's counter; the block that draws the last
 // ticket combines the row's pairs, writes the answer and sets the counter back to 0 (stage 14
 // merges its split-K partitions the same way).
+// Launched early (pdl.cuh) behind the lm_head: its blocks are in place when the logits are done,
+// and the wait returns then, where a normal launch would only begin.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
 argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab, int pieces,
               int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets) {
+  allow_next_kernel_to_start();
+  wait_for_previous_kernel();
   const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
   const int begin = piece * span;
   ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
@@ -135,8 +140,8 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
                                   void* partial, int32_t* tickets, cudaStream_t stream) {
   if (rows == 0) return TVLLM_OK;
   if (vocab <= 0 || vocab >= INT_MAX / 2) return "vocab size out of range";
-  // TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (about 16 lines)
-  return "TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (about 16 lines)";
+  // TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh) (about 15 lines)
+  return "TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh) (about 15 lines)";
 }
 
 // logits: [rows, vocab] bf16 or float32, contiguous -> out: [rows] int64

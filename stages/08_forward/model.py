@@ -157,7 +157,7 @@ class LlamaModel:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                return_hidden: bool = False):
+                return_hidden: bool = False, final_norm: bool = True):
         """The final hidden states of the step's tokens, after the last RMSNorm.
 
         ids: [T] int64 new token ids of B sequences packed back to back; positions: [T] int64,
@@ -166,6 +166,8 @@ class LlamaModel:
         have passed check_inputs: nothing here waits for the GPU.
         Returns [T, H] in the model's dtype, and with return_hidden=True also the residual
         stream after each layer: a list of L tensors [T, H] (what HF's decoder layers output).
+        With final_norm=False the last RMSNorm is left to the caller, and forward returns its
+        inputs (h, residual), [T, H] each: stream_logits takes them (a decode step's logits).
         """
         hidden = []
         h = embedding(ids, self.embed_tokens, check=False)          # [T, H]
@@ -175,6 +177,8 @@ class LlamaModel:
             if return_hidden and i > 0:     # the stream after layer i - 1
                 hidden.append(residual.clone())
             h, residual = self.mlp_block(layer, h, residual)
+        if not final_norm:
+            return h, residual
         x, residual = fused_add_rmsnorm(h, residual, self.final_norm, self.config.rms_norm_eps)
         if return_hidden:
             hidden.append(residual.clone())
@@ -230,6 +234,17 @@ class LlamaModel:
         """
         # TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 (about 7 lines)
         raise NotImplementedError("TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 (about 7 lines)")
+
+
+    def stream_logits(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """Every row's logits [T, V] float32 from forward(..., final_norm=False)'s (h,
+        residual): compute_logits(forward(...), None) with the final RMSNorm and the lm_head as
+        one op (norm_linear.py: for one token on an sm_90 GPU one kernel, the norm in the
+        GEMV's prologue; a decode step of one sequence then has no RMSNorm kernel after its
+        layers)."""
+        logits, _ = add_rmsnorm_linear(h, residual, self.final_norm, self.config.rms_norm_eps,
+                                       self.lm_head, out_dtype=torch.float32)
+        return logits
 
 
 def check_prompt(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int) -> None:

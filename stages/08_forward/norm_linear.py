@@ -41,18 +41,24 @@ def _one_token_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.
 
 
 def add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.Tensor,
-                       eps: float, weight: torch.Tensor, silu_mul: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+                       eps: float, weight: torch.Tensor, silu_mul: bool = False,
+                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, stream): stream = x + residual (x itself when residual is None), y = the projection
     of rmsnorm(stream, norm, eps) by weight: linear, or linear_silu_mul when silu_mul.
 
     x, residual: [T, H]; norm: [H]; weight: [out, H] ([2 I, H], gate rows then up rows, with
-    silu_mul) -> y: [T, out] ([T, I]), stream: [T, H]; one dtype. Like fused_add_rmsnorm it
-    may overwrite x and residual (the two-op path works in place): use what it returns.
+    silu_mul) -> y: [T, out] ([T, I]), stream: [T, H]; one dtype, but y in out_dtype when given
+    (torch.float32: the logits, the lm_head after the model's final norm; not with silu_mul).
+    Like fused_add_rmsnorm it may overwrite x and residual (the two-op path works in place):
+    use what it returns.
     """
+    if silu_mul and out_dtype not in (None, x.dtype):
+        raise ValueError("add_rmsnorm_linear: silu_mul gives y in x's dtype; out_dtype is for "
+                         "a plain projection (the logits)")
     if _one_token_gemv(x, residual, norm, weight, silu_mul):
         inter = weight.shape[0] // 2 if silu_mul else 0     # 0: a plain projection
-        y = torch.empty((1, inter or weight.shape[0]), dtype=x.dtype, device=x.device)
+        y = torch.empty((1, inter or weight.shape[0]), dtype=out_dtype or x.dtype,
+                        device=x.device)
         stream = x if residual is None else torch.empty_like(x)
         parts.kernels().rmsnorm_linear(x, residual, None if residual is None else stream, norm,
                                        float(eps), weight, y, inter)
@@ -61,4 +67,6 @@ def add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: tor
         stream, normed = x, rmsnorm(x, norm, eps)
     else:
         normed, stream = fused_add_rmsnorm(x, residual, norm, eps)
-    return (linear_silu_mul(normed, weight) if silu_mul else linear(normed, weight)), stream
+    if silu_mul:
+        return linear_silu_mul(normed, weight), stream
+    return linear(normed, weight, out_dtype=out_dtype), stream
