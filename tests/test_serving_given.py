@@ -78,8 +78,15 @@ def test_decode_graphs_inputs_and_head(model):
     graphs = parts.reference("10", "decode_graphs").DecodeGraphs
     plan = kv().StepPlan.build([kv().SeqStep([1], 5, 1), kv().SeqStep([0], 2, 1),
                                 kv().SeqStep([2], 0, 1)], cache)      # padded to 4 rows
-    logits = graphs(model, cache, max_batch=4, use_graphs=False,
-                    head=lambda stream, ids: model.stream_logits(*stream)).run([7, 9, 4], plan)
+    slots = []
+
+    def head(stream, ids, token_slot):
+        slots.append(token_slot.tolist())
+        return model.stream_logits(*stream)
+
+    logits = graphs(model, cache, max_batch=4, use_graphs=False, head=head).run(
+        [7, 9, 4], plan, token_slot=1)
+    assert slots == [[1]], f"the head must find run's token_slot on the device, got {slots}"
     assert logits.shape == (3, model.config.vocab_size)
     plain = graphs(model, cache, max_batch=4, use_graphs=False)
     hidden = plain.run([7, 9, 4], plan)
@@ -99,7 +106,7 @@ def test_decode_graphs_head_writes_the_next_ids_in_place(model):
     model.attention = kv().KVCacheAttention()
     graphs = parts.reference("10", "decode_graphs").DecodeGraphs
 
-    def greedy(stream, next_ids):
+    def greedy(stream, next_ids, token_slot):
         logits = model.stream_logits(*stream)
         next_ids.copy_(logits.argmax(dim=-1))
         return logits
@@ -159,3 +166,20 @@ def test_token_mailbox_keeps_unread_tokens_apart():
     late = mailbox.take(torch.tensor([11, 12]))         # reuses third's slot, unread
     assert third.tolist() == [7, 8, 9], "unread tokens must be kept apart before their slot is reused"
     assert unread.tolist() == [10] and late.tolist() == [11, 12]
+
+
+def test_token_mailbox_hands_out_tokens_a_kernel_stored():
+    """A greedy decode graph's argmax stores its tokens in the slot reserved for the step: the
+    mailbox hands them out from there without copying, keeps the slot's unread tokens apart
+    before the kernel may write it, and the next take uses the other slot."""
+    from solutions.engine.model_runner import TokenMailbox
+    mailbox = TokenMailbox(4, pinned=False)
+    first = mailbox.take(torch.tensor([1, 2]))
+    second = mailbox.take(torch.tensor([3]))
+    slot = mailbox.reserve()                    # first's slot again: first is unread
+    mailbox.slots[slot, :3] = torch.tensor([7, 8, 9])   # what the argmax stores there
+    stored = mailbox.take(torch.tensor([0, 0, 0]), stored_in=slot)
+    assert first.tolist() == [1, 2], "unread tokens must be kept apart before a kernel stores"
+    assert stored.tolist() == [7, 8, 9], "stored tokens are read from the slot, not copied"
+    after = mailbox.take(torch.tensor([5]))
+    assert after.tolist() == [5] and second.tolist() == [3] and stored.tolist() == [7, 8, 9]

@@ -85,4 +85,18 @@ inline int32_t* tickets(const at::Tensor& like, int64_t count) {
   return buffers.back().data_ptr<int32_t>();
 }
 
+// The address a kernel uses for t's data: a CUDA tensor's own, or a pinned CPU tensor's when
+// the device can address that memory (unified addressing: the same pointer). A kernel's stores
+// there cross PCIe (stage 10's pinned_copy.cu).
+inline void* device_address(const at::Tensor& t, const char* name) {
+  if (t.is_cuda()) return t.data_ptr();
+  TORCH_CHECK(t.is_pinned(), name, " must be a CUDA tensor or a pinned CPU tensor");
+  cudaPointerAttributes attributes;
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, t.data_ptr());
+  TORCH_CHECK(err == cudaSuccess && attributes.devicePointer != nullptr, name,
+              ": the GPU cannot address this pinned memory (",
+              err == cudaSuccess ? "no device pointer" : cudaGetErrorString(err), ")");
+  return attributes.devicePointer;
+}
+
 }  // namespace tvllm

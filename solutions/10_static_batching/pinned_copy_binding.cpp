@@ -5,19 +5,6 @@ tvllm_status launch_pinned_copy(void* dst, const void* src, int64_t words, cudaS
 
 namespace {
 
-// The address a kernel uses for t's data: a CUDA tensor's own, or a pinned CPU tensor's when
-// the device can address that memory (unified addressing: the same pointer).
-void* device_address(const at::Tensor& t, const char* name) {
-  if (t.is_cuda()) return t.data_ptr();
-  TORCH_CHECK(t.is_pinned(), name, " must be a CUDA tensor or a pinned CPU tensor");
-  cudaPointerAttributes attributes;
-  const cudaError_t err = cudaPointerGetAttributes(&attributes, t.data_ptr());
-  TORCH_CHECK(err == cudaSuccess && attributes.devicePointer != nullptr, name,
-              ": the GPU cannot address this pinned memory (",
-              err == cudaSuccess ? "no device pointer" : cudaGetErrorString(err), ")");
-  return attributes.devicePointer;
-}
-
 // dst[:] = src[:] for one CUDA and one pinned CPU tensor (or two CUDA tensors) of the same
 // dtype and size, contiguous, whose bytes are a whole number of 8-byte words.
 void pinned_copy(at::Tensor& dst, const at::Tensor& src) {
@@ -33,7 +20,8 @@ void pinned_copy(at::Tensor& dst, const at::Tensor& src) {
               " bytes");
   const at::Device device = dst.is_cuda() ? dst.device() : src.device();
   c10::cuda::CUDAGuard guard(device);
-  tvllm::check_launch(launch_pinned_copy(device_address(dst, "dst"), device_address(src, "src"),
+  tvllm::check_launch(launch_pinned_copy(tvllm::device_address(dst, "dst"),
+                                         tvllm::device_address(src, "src"),
                                          bytes / 8, tvllm::stream()),
                       "pinned_copy");
 }

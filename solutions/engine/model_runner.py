@@ -23,7 +23,8 @@ stream-wide synchronisation: by the time the host reads a step's tokens, the eng
 queued the next step behind it, and `.tolist()` on the device tensor would wait for that one
 too, leaving the GPU idle while the host prepares the step after. The copy is a kernel that
 stores into pinned memory (stage 10's pinned_copy.py), not a copy-engine operation, and a
-greedy decode step's tokens are written by its graph straight into the next step's ids row.
+greedy decode step needs none: its graph's argmax writes the tokens straight into the next
+step's ids row and into the pinned slot the step was given (TokenMailbox.reserve).
 """
 from __future__ import annotations
 
@@ -51,15 +52,17 @@ class SampledTokens:
     CUDA), on CUDA queued behind the sampling with an event recorded after it; tolist() waits
     for that event only. On the H200, reading the device tensor with .tolist() instead
     cost ~1 ms of idle GPU per step at batch 256 (engine step 3967 us, graph replay 2725 us):
-    it waited for the step queued after this one as well.
+    it waited for the step queued after this one as well. stored=True: a kernel queued before
+    (a greedy decode graph's argmax) has stored them in `host` itself; nothing is copied.
     """
 
-    def __init__(self, device_tokens: torch.Tensor, host: torch.Tensor):
+    def __init__(self, device_tokens: torch.Tensor, host: torch.Tensor, stored: bool = False):
         self.device = device_tokens
         self._done = None
         self.read = False
         # a copy also on a CPU: the tokens may be a buffer that the next step writes again
-        self._host = copy_pinned(host[: device_tokens.shape[0]], device_tokens)
+        n = device_tokens.shape[0]
+        self._host = host[:n] if stored else copy_pinned(host[:n], device_tokens)
         if device_tokens.is_cuda:
             self._done = torch.cuda.Event()
             self._done.record()
@@ -79,23 +82,33 @@ class SampledTokens:
 
 class TokenMailbox:
     """Pinned host buffers for the steps' tokens, handed out in turn: a kernel writes a step's
-    tokens into one (pinned_copy.py), and the host reads them once the step is done. The
-    engine reads each step's tokens before it queues the step after next, so two slots are
-    enough; should a caller queue a third step first, the unread tokens of the slot it reuses
-    are waited for and kept apart (SampledTokens.keep_own_copy), so no write lands on them."""
+    tokens into one (pinned_copy.py, or a decode graph's argmax itself), and the host reads
+    them once the step is done. The engine reads each step's tokens before it queues the step
+    after next, so two slots are enough; should a caller queue a third step first, the unread
+    tokens of the slot it reuses are waited for and kept apart (SampledTokens.keep_own_copy),
+    so no write lands on them.
+
+    slots: [2, rows] int64, one slot a row (what the argmax's `host` takes)."""
 
     def __init__(self, rows: int, pinned: bool):
-        self._slots = [torch.empty(rows, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.slots = torch.empty((2, rows), dtype=torch.int64, pin_memory=pinned)
         self._handed: list[SampledTokens | None] = [None, None]
         self._next = 0
 
-    def take(self, device_tokens: torch.Tensor) -> SampledTokens:
-        """SampledTokens of device_tokens, copied into the next slot."""
+    def reserve(self) -> int:
+        """The next slot, free to be written from now on (its unread tokens kept apart)."""
         slot = self._next
         before = self._handed[slot]
         if before is not None and not before.read:
             before.keep_own_copy()
-        tokens = SampledTokens(device_tokens, self._slots[slot])
+        self._handed[slot] = None
+        return slot
+
+    def take(self, device_tokens: torch.Tensor, stored_in: int | None = None) -> SampledTokens:
+        """SampledTokens of device_tokens, copied into the next slot; or, stored_in: the slot
+        (from reserve) where a kernel queued before stores them."""
+        slot = self.reserve() if stored_in is None else stored_in
+        tokens = SampledTokens(device_tokens, self.slots[slot], stored=stored_in is not None)
         self._handed[slot], self._next = tokens, 1 - slot
         return tokens
 
@@ -200,19 +213,21 @@ class ModelRunner:
             self.cache = _kv.KVCache.for_model(model, self.num_slots, self.max_len)
             self.allocator = SlotAllocator(self.num_slots)   # the scheduler's source of cache
             model.attention = _kv.KVCacheAttention()
+        # before the graphs: their argmax stores the greedy tokens in its slots
+        self._mailbox = TokenMailbox(self.max_num_seqs, pinned=model.device.type == "cuda")
         self.decoder = DecodeGraphs(model, self.cache, max_batch=self.max_num_seqs,
                                     use_graphs=use_graphs,
                                     max_blocks=self.max_blocks if self.paged else 1,
                                     head=self._logits_and_greedy)
-        self._mailbox = TokenMailbox(self.max_num_seqs, pinned=model.device.type == "cuda")
 
     def _logits_and_greedy(self, stream: tuple[torch.Tensor, torch.Tensor],
-                           next_ids: torch.Tensor) -> torch.Tensor:
+                           next_ids: torch.Tensor, token_slot: torch.Tensor) -> torch.Tensor:
         """What a decode graph records after the forward: the final norm's inputs (h,
         residual) [B, H] -> logits [B, V] float32, and each row's argmax into next_ids [B], the
-        graph's ids row (all that a greedy batch needs: the next step's ids are then in place)."""
+        graph's ids row, and into the mailbox's slot token_slot (all that a greedy batch needs:
+        the next step's ids are then in place, and the host's tokens with no copy)."""
         logits = self.model.stream_logits(*stream)
-        ops.get("argmax")(logits, next_ids)
+        ops.get("argmax")(logits, next_ids, self._mailbox.slots, token_slot)
         return logits
 
     def describe(self) -> str:
@@ -250,9 +265,11 @@ class ModelRunner:
                     row = {id(s): i for i, s in enumerate(before)}
                     index = [row[id(s)] for s in seqs]
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
-            logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device)
+            slot = self._mailbox.reserve()
+            logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device,
+                                      token_slot=slot)
             if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
-                return self._mailbox.take(self.decoder.inputs[0, : len(seqs)])
+                return self._mailbox.take(self.decoder.inputs[0, : len(seqs)], stored_in=slot)
         else:
             positions, meta = plan.metadata(self.cache, model.device)
             ids = [t for s in seqs for t in s.token_ids[s.num_cached: s.num_cached + s.num_scheduled]]

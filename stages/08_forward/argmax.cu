@@ -37,6 +37,13 @@ struct ArgBest {
   int index;
 };
 
+// Where else the answers go (rows == nullptr: nowhere): row *slot of rows [slots, stride].
+struct HostRows {
+  int64_t* rows;
+  const int64_t* slot;
+  int64_t stride;
+};
+
 // The better of two (value, index) pairs, by the order described above.
 __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
   // TODO stage 08: NaN beats numbers; larger wins; equal (or 2 NaNs): lower index (about 5 lines)
@@ -83,18 +90,26 @@ __device__ __forceinline__ ArgBest block_argmax(const T* __restrict__ row, int b
 // merges its split-K partitions the same way).
 // Launched early (pdl.cuh) behind the lm_head: its blocks are in place when the logits are done,
 // and the wait returns then, where a normal launch would only begin.
+// Each answer also goes to `host` when it has rows: pinned host memory, so that a decode step's
+// tokens reach the host with no copy after the step (stage 10; the slot is a step input, read
+// before the wait).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
 argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab, int pieces,
-              int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets) {
+              int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets,
+              HostRows host) {
   allow_next_kernel_to_start();
+  int64_t* host_row = host.rows == nullptr ? nullptr : host.rows + *host.slot * host.stride;
   wait_for_previous_kernel();
   const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
   const int begin = piece * span;
   ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
                                        min(vocab, begin + span));
   if (pieces == 1) {
-    if (threadIdx.x == 0) out[r] = best.index;
+    if (threadIdx.x == 0) {
+      out[r] = best.index;
+      if (host_row != nullptr) host_row[r] = best.index;
+    }
     return;
   }
   __shared__ bool s_last;
@@ -114,7 +129,10 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
     best = better(best, ArgBest{__ldcg(&row_pairs[i].value), __ldcg(&row_pairs[i].index)});
   }
   best = warp_argmax(best);
-  if (threadIdx.x == 0) out[r] = best.index;
+  if (threadIdx.x == 0) {
+    out[r] = best.index;
+    if (host_row != nullptr) host_row[r] = best.index;
+  }
 }
 
 // How many blocks may share a row: enough for two per SM (a lone block streams a 128256-entry
@@ -137,23 +155,31 @@ static int argmax_pieces(int64_t rows, int64_t vocab, int pack, int* span) {
 
 template <typename T>
 static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, int64_t vocab,
-                                  void* partial, int32_t* tickets, cudaStream_t stream) {
+                                  void* partial, int32_t* tickets, HostRows host,
+                                  cudaStream_t stream) {
   if (rows == 0) return TVLLM_OK;
   if (vocab <= 0 || vocab >= INT_MAX / 2) return "vocab size out of range";
-  // TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh) (about 15 lines)
-  return "TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh) (about 15 lines)";
+  // TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh), host passed on (about 15 lines)
+  return "TODO stage 08: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh), host passed on (about 15 lines)";
 }
 
 // logits: [rows, vocab] bf16 or float32, contiguous -> out: [rows] int64
 // partial: 8 bytes a block, tickets: [rows] int32, 0 (both unused when a row is one piece:
-// argmax_pieces says)
+// argmax_pieces says). host_rows (or nullptr): [slots, host_stride] int64 that the device can
+// address (pinned host memory), host_slot: [1] int64 on the device: the answers also go to
+// row *host_slot, its first `rows` entries.
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
                                 int64_t vocab, void* partial, int32_t* tickets,
-                                cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, partial, tickets, stream);
+                                int64_t* host_rows, const int64_t* host_slot,
+                                int64_t host_stride, cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets,
+                       HostRows{host_rows, host_slot, host_stride}, stream);
 }
 
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
-                               void* partial, int32_t* tickets, cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, partial, tickets, stream);
+                               void* partial, int32_t* tickets, int64_t* host_rows,
+                               const int64_t* host_slot, int64_t host_stride,
+                               cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets,
+                       HostRows{host_rows, host_slot, host_stride}, stream);
 }

@@ -36,19 +36,30 @@ def argmax_native(logits: torch.Tensor) -> torch.Tensor:
     return torch.argmax(logits, dim=-1)
 
 
-def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax(logits: torch.Tensor, out: torch.Tensor | None = None,
+           host: torch.Tensor | None = None, host_slot: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """The index of each row's maximum; CUDA tensors go to the kernel, CPU ones to the twin.
 
     logits: [rows, vocab] bf16 or float32 (CUDA), any float dtype (CPU);
     out: optional [rows] int64 buffer, written and returned. Returns [rows] int64.
+    host, host_slot (optional, together): [slots, >= rows] int64 (pinned CPU memory when
+    logits are on CUDA) and [1] int64 on logits' device: the answers also go to
+    host[host_slot[0], :rows], stored by the kernel itself, so that a CUDA graph holding the
+    argmax hands its tokens to the host with no copy after it (stage 10's decode graphs; the
+    slot is read on the device when the kernel runs).
     """
+    if (host is None) != (host_slot is None):
+        raise ValueError("argmax: host and host_slot come together")
     if not logits.is_cuda:
         result = argmax_native(logits)
+        if host is not None:
+            host[int(host_slot[0]), : result.shape[0]] = result
         return result if out is None else out.copy_(result)
     _check(logits)
     if logits.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the CUDA argmax supports {SUPPORTED_DTYPES}, got {logits.dtype}")
     if out is None:
         out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    parts.kernels().argmax(logits.contiguous(), out)
+    parts.kernels().argmax(logits.contiguous(), out, host, host_slot)
     return out

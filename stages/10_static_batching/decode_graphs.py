@@ -25,9 +25,11 @@ logits and the greedy argmax, so that a decode step of one sequence is one graph
 a graph and then the lm_head's and the argmax's launches; padding rows get logits and tokens
 of their own, ignored). A head is handed the final RMSNorm's inputs, not its output
 (`forward(..., final_norm=False)`): `LlamaModel.stream_logits` runs the norm and the lm_head
-as one op, at batch 1 one kernel. The head is handed the graph's own ids row as well: the engine's
-argmax writes each row's token there, so the next step finds its input ids in place and
-nothing copies them.
+as one op, at batch 1 one kernel. The head is handed the graph's own ids row as well: the
+engine's argmax writes each row's token there, so the next step finds its input ids in place
+and nothing copies them. And a token slot, a step input like the others (`run`'s
+token_slot): the engine's argmax also stores the tokens in that row of a pinned host buffer,
+so that they reach the host with no copy kernel after the graph.
 Between two steps the host's inputs go over by a kernel (pinned_copy.py), not by the copy
 engine: at batch 1 each copy-engine operation between two graphs left the GPU idle for
 microseconds (pinned_copy.cu).
@@ -63,8 +65,9 @@ class DecodeGraphs:
     KVCache. use_graphs: None means "on CUDA"; graphs are captured in __init__. max_blocks:
     the longest block table (1 for stage 09's cache: a sequence's block is its slot).
     head: None, or a function of the final RMSNorm's inputs (h, residual), [size, H] each
-    (forward with final_norm=False; LlamaModel.stream_logits makes logits of them), and the
-    graph's ids row [size] int64 (where it may write the next step's ids) returning one tensor
+    (forward with final_norm=False; LlamaModel.stream_logits makes logits of them), the
+    graph's ids row [size] int64 (where it may write the next step's ids) and the token slot
+    [1] int64 (the number `run` was given as token_slot, on the device) returning one tensor
     with a row per sequence, recorded in the graph after the forward; `run` then returns its
     rows.
     """
@@ -81,11 +84,13 @@ class DecodeGraphs:
             raise ValueError("CUDA graphs need a CUDA device; this model is on " + str(device))
         self.sizes = graph_batch_sizes(max_batch)
         # A pinned host buffer and a device buffer: a step's inputs cross in one copy.
-        # The first ROWS x max_batch int64 entries are `inputs`; after them (from a 16-byte
-        # boundary), as int32, the block tables [max_batch, max_blocks] and the context lengths.
+        # The first ROWS x max_batch int64 entries are `inputs`, then the token slot (one
+        # int64); after them (from a 16-byte boundary), as int32, the block tables [max_batch,
+        # max_blocks] and the context lengths.
         size = self._int32_start() + ((1 + max_blocks) * max_batch + 1) // 2
         self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
-        self.inputs, self.context_lens, self.tables = self._views(self.device_buffer, max_blocks)
+        self.inputs, self.token_slot, self.context_lens, self.tables = self._views(
+            self.device_buffer, max_blocks)
         # Two host buffers, used in turn: an engine that prepares the next step while the GPU
         # runs this one must not overwrite what this step's copy has not read yet.
         self._host_buffers = []
@@ -105,20 +110,21 @@ class DecodeGraphs:
             self.capture()
 
     def _int32_start(self) -> int:
-        return -(-ROWS * self.max_batch // 2) * 2
+        return -(-(ROWS * self.max_batch + 1) // 2) * 2
 
     def _views(self, buffer: torch.Tensor, max_blocks: int) -> tuple[torch.Tensor, ...]:
-        """inputs [ROWS, max_batch] int64, context_lens [max_batch] int32 and block tables
-        [max_batch, max_blocks] int32: views of one int64 buffer."""
+        """inputs [ROWS, max_batch] int64, the token slot [1] int64, context_lens [max_batch]
+        int32 and block tables [max_batch, max_blocks] int32: views of one int64 buffer."""
         n = self.max_batch
         int32s = buffer[self._int32_start():].view(torch.int32)
-        return (buffer[: ROWS * n].view(ROWS, n), int32s[n * max_blocks: n * max_blocks + n],
+        return (buffer[: ROWS * n].view(ROWS, n), buffer[ROWS * n: ROWS * n + 1],
+                int32s[n * max_blocks: n * max_blocks + n],
                 int32s[: n * max_blocks].view(n, max_blocks))
 
     def _use_host_buffer(self, turn: int) -> None:
         self._turn = turn
-        (self.host, self.host_rows, self.host_lens, self.host_tables, self._written,
-         self._written_len) = self._host_buffers[turn]
+        (self.host, self.host_rows, self.host_slot, self.host_lens, self.host_tables,
+         self._written, self._written_len) = self._host_buffers[turn]
 
     def padded_size(self, batch: int) -> int:
         """The smallest captured batch size that holds `batch` sequences."""
@@ -140,7 +146,8 @@ class DecodeGraphs:
             block_tables=tables, context_lens=self.context_lens[:size], decode=True)
         if self.head is None:
             return self.model.forward(ids, positions, meta)
-        return self.head(self.model.forward(ids, positions, meta, final_norm=False), ids)
+        return self.head(self.model.forward(ids, positions, meta, final_norm=False), ids,
+                         self.token_slot)
 
     def capture(self) -> None:
         """Record one graph per batch size, largest first, in one shared memory pool."""
@@ -183,20 +190,22 @@ class DecodeGraphs:
         first = self.max_batch if ids_in_place else 0
         copy_pinned(self.device_buffer[first:], self.host[first:])
 
-    def run(self, ids: list[int], plan, ids_device: torch.Tensor | None = None
-            ) -> torch.Tensor:
+    def run(self, ids: list[int], plan, ids_device: torch.Tensor | None = None,
+            token_slot: int = 0) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
         (plan.decode must be true). ids_device: [B] int64 on the device, the ids instead of
         `ids` when the host does not know them yet (the previous step's samples, still on the
         GPU); when they are the graph's own ids row (the head of the step before wrote them
-        there) nothing copies them. Returns hidden [B, H] (or the head's first B rows), a view
-        valid until the next run."""
+        there) nothing copies them. token_slot: a number the head finds in its third argument
+        (the engine's argmax: the row of pinned memory it stores the tokens in). Returns hidden
+        [B, H] (or the head's first B rows), a view valid until the next run."""
         if not plan.decode or len(ids) != len(plan.positions):
             raise ValueError("DecodeGraphs runs decode steps only: one new token per sequence")
         size = self.padded_size(len(ids))
         self._use_host_buffer(1 - self._turn)
         self._fill(ids, plan.positions, plan.slot_mapping, plan.context_lens,
                    plan.block_tables, size)
+        self.host_slot[0] = token_slot
         in_place = (ids_device is not None and ids_device.is_contiguous()
                     and ids_device.data_ptr() == self.inputs.data_ptr())
         self._send(in_place)

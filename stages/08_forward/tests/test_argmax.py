@@ -151,3 +151,26 @@ def test_argmax_launch_after_launch(seed):
         got = run(logits)
         checks.assert_equal(got, torch.tensor([where]), what=f"argmax, maximum at {where}",
                             hint="the block that merges a row's pieces resets its ticket")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,vocab", [(1, 128256), (3, 1001), (600, 4100)])
+def test_argmax_stores_the_answers_in_host_memory(rows, vocab, seed):
+    """argmax(logits, out, host, host_slot): the answers also go to row host_slot[0] of a pinned
+    host buffer (what a decode graph hands the engine's host without a copy): that row's first
+    `rows` entries, nothing else -- both for a row in pieces (the merging block stores) and for
+    rows of one piece. Your launch_argmax must pass `host` on to the kernel."""
+    logits = checks.randn((rows, vocab), torch.float32, "cuda", scale=3.0)
+    host = torch.full((3, rows + 2), -1, dtype=torch.int64, pin_memory=True)
+    out = torch.empty(rows, dtype=torch.int64, device="cuda")
+    expected = torch.argmax(logits.cpu(), dim=-1)
+    for slot in (2, 0):
+        op().argmax(logits, out, host, torch.tensor([slot], device="cuda"))
+        torch.cuda.synchronize()
+        checks.assert_equal(out.cpu(), expected, what="argmax's out beside the host copy")
+        checks.assert_equal(host[slot, :rows], expected, what=f"the host row {slot}",
+                            hint="launch_argmax passes `host` (a HostRows) on to the kernel")
+    assert (host[1] == -1).all() and (host[[0, 2], rows:] == -1).all(), (
+        "only the slot's first `rows` entries may be written")
+    with pytest.raises(ValueError, match="together"):
+        op().argmax(logits, out, host)
