@@ -562,11 +562,11 @@ def test_silu_mul_kernel_in_the_emulator(rows, inter):
 ARGMAX_SHIM = CALL + """
 extern "C" const char* emu_argmax(const void* logits, int64_t* out, int64_t rows, int64_t vocab,
                                   int f32, void* partial, int32_t* tickets, int64_t* host,
-                                  const int64_t* slot, int64_t stride) {
+                                  const int64_t* slot, int64_t stride, int64_t slots) {
   if (f32) EMU_CALL(launch_argmax_f32(static_cast<const float*>(logits), out, rows, vocab,
-                                      partial, tickets, host, slot, stride, nullptr));
+                                      partial, tickets, host, slot, stride, slots, nullptr));
   EMU_CALL(launch_argmax_bf16(static_cast<const __nv_bfloat16*>(logits), out, rows, vocab,
-                              partial, tickets, host, slot, stride, nullptr));
+                              partial, tickets, host, slot, stride, slots, nullptr));
 }
 extern "C" int emu_argmax_most_pieces(int64_t rows) { return argmax_most_pieces(rows); }
 """
@@ -578,12 +578,13 @@ def test_argmax_kernel_in_the_emulator(rows, vocab, f32):
     """A row cut into pieces (the emulator's device has 4 SMs: up to 8 pieces a row), each
     block's pair merged by the row's last block: the row's maximum planted in the last piece,
     a tie for it in a later piece (the lower index must win), a NaN row (its first NaN wins),
-    a row of -inf (index 0). Run twice: the last block must leave its ticket at 0. The second
-    run also writes the answers to a host row (the slot read from device memory): that row
-    only, each answer at its row's place."""
+    a row of -inf (index 0). Run three times: the last block must leave its ticket at 0. The
+    second run also writes the answers to a host row (the slot read from device memory): that
+    row only, each answer at its row's place; the third names a slot outside the buffer, and
+    nothing may be stored."""
     lib = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax",
                          [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-                         + [ctypes.c_void_p] * 4 + [ctypes.c_int64])
+                         + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2)
     most = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax_most_pieces",
                           [ctypes.c_int64], restype=ctypes.c_int)(rows)
     g = torch.Generator().manual_seed(rows * vocab)
@@ -600,11 +601,13 @@ def test_argmax_kernel_in_the_emulator(rows, vocab, f32):
     expected = torch.argmax(logits, dim=-1)
     host = torch.full((3, rows + 1), -1, dtype=torch.int64)
     slot = torch.tensor([1])
-    for run in range(2):
+    # no host row; slot 1 of 3; slot 2 said to be past the buffer's 2 slots (nothing stored)
+    for run in range(3):
         out = torch.full((rows,), -1, dtype=torch.int64)
+        slot[0] = 1 if run < 2 else 2
         _ok(lib(logits.data_ptr(), out.data_ptr(), rows, vocab, int(f32), partial.data_ptr(),
                 tickets.data_ptr(), host.data_ptr() if run else None, slot.data_ptr(),
-                rows + 1))
+                rows + 1, 3 if run < 2 else 2))
         assert out.tolist() == expected.tolist(), (
             f"argmax [{rows}, {vocab}]: got {out.tolist()}, torch.argmax {expected.tolist()}: "
             "each piece's pair must reach the row's last block, and equal values go to the "
@@ -613,7 +616,8 @@ def test_argmax_kernel_in_the_emulator(rows, vocab, f32):
     assert host[1, :rows].tolist() == expected.tolist(), (
         f"the host row (slot 1) holds {host[1, :rows].tolist()}, the answers are "
         f"{expected.tolist()}")
-    assert (host[[0, 2]] == -1).all() and host[1, rows] == -1, "only slot 1's first rows change"
+    assert (host[[0, 2]] == -1).all() and host[1, rows] == -1, (
+        "only slot 1's first rows change; a slot outside the buffer's slots stores nothing")
 
 
 def test_argmax_launcher_refuses_pieces_without_a_workspace():
@@ -621,10 +625,10 @@ def test_argmax_launcher_refuses_pieces_without_a_workspace():
     tickets: the launcher says so instead of launching (the binding always passes both)."""
     lib = _shim_function("08", "argmax.cu", ARGMAX_SHIM, "emu_argmax",
                          [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-                         + [ctypes.c_void_p] * 4 + [ctypes.c_int64])
+                         + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2)
     logits = torch.zeros(1, 128256)
     out = torch.full((1,), -1, dtype=torch.int64)
-    message = lib(logits.data_ptr(), out.data_ptr(), 1, 128256, 1, None, None, None, None, 0)
+    message = lib(logits.data_ptr(), out.data_ptr(), 1, 128256, 1, None, None, None, None, 0, 0)
     assert message is not None and b"needs partial pairs and tickets" in message, message
     assert out.item() == -1, "nothing was launched"
 

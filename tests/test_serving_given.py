@@ -183,3 +183,16 @@ def test_token_mailbox_hands_out_tokens_a_kernel_stored():
     assert stored.tolist() == [7, 8, 9], "stored tokens are read from the slot, not copied"
     after = mailbox.take(torch.tensor([5]))
     assert after.tolist() == [5] and second.tolist() == [3] and stored.tolist() == [7, 8, 9]
+
+
+def test_argmax_host_rows_on_the_cpu():
+    """The CPU path keeps the same contract as the kernel: row host_slot[0] of `host` gets the
+    answers, a slot outside the buffer gets nothing, and host comes with host_slot."""
+    logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 2.0, -1.0]])
+    host = torch.full((2, 3), -1, dtype=torch.int64)
+    got = parts.reference("08", "argmax").argmax(logits, None, host, torch.tensor([1]))
+    assert got.tolist() == [1, 0] and host[1, :2].tolist() == [1, 0] and host[1, 2] == -1
+    parts.reference("08", "argmax").argmax(logits, None, host, torch.tensor([2]))
+    assert (host[0] == -1).all(), "a slot outside the host buffer stores nothing"
+    with pytest.raises(ValueError, match="together"):
+        parts.reference("08", "argmax").argmax(logits, None, None, torch.tensor([0]))

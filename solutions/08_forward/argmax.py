@@ -44,13 +44,14 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None,
     logits are on CUDA) and [1] int64 on logits' device: the answers also go to
     host[host_slot[0], :rows], stored by the kernel itself, so that a CUDA graph holding the
     argmax hands its tokens to the host with no copy after it (stage 10's decode graphs; the
-    slot is read on the device when the kernel runs).
+    slot is read on the device when the kernel runs, and a slot outside [0, slots) stores
+    nothing: the kernel cannot raise, and host memory past the buffer must stay untouched).
     """
     if (host is None) != (host_slot is None):
         raise ValueError("argmax: host and host_slot come together")
     if not logits.is_cuda:
         result = argmax_native(logits)
-        if host is not None:
+        if host is not None and 0 <= int(host_slot[0]) < host.shape[0]:
             host[int(host_slot[0]), : result.shape[0]] = result
         return result if out is None else out.copy_(result)
     _check(logits)

@@ -13,18 +13,18 @@ int argmax_most_pieces(int64_t rows);
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
                                 int64_t vocab, void* partial, int32_t* tickets,
                                 int64_t* host_rows, const int64_t* host_slot,
-                                int64_t host_stride, cudaStream_t stream);
+                                int64_t host_stride, int64_t host_slots, cudaStream_t stream);
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
                                void* partial, int32_t* tickets, int64_t* host_rows,
                                const int64_t* host_slot, int64_t host_stride,
-                               cudaStream_t stream);
+                               int64_t host_slots, cudaStream_t stream);
 
 namespace {
 
 // logits: [rows, vocab] bf16 or float32 -> out: [rows] int64, the index of each row's maximum;
 // host (optional): [slots, >= rows] int64 pinned CPU memory, and host_slot [1] int64 on the
-// device: the answers also go to host[host_slot[0], :rows] (a slot outside [0, slots) is not
-// checked on the device: the caller's to keep in range)
+// device: the answers also go to host[host_slot[0], :rows] (nowhere when host_slot[0] is
+// outside [0, slots): the kernel reads it when it runs, and cannot raise)
 void argmax(const at::Tensor& logits, at::Tensor& out, const std::optional<at::Tensor>& host,
             const std::optional<at::Tensor>& host_slot) {
   const auto dtype = logits.scalar_type();
@@ -56,7 +56,7 @@ void argmax(const at::Tensor& logits, at::Tensor& out, const std::optional<at::T
   }
   c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  const int64_t host_stride = host ? host->size(1) : 0;
+  const int64_t host_stride = host ? host->size(1) : 0, host_slots = host ? host->size(0) : 0;
   const int64_t pieces = rows == 0 ? 1 : argmax_most_pieces(rows);
   at::Tensor partial;  // 8 bytes (value, index) a block
   void* pairs = nullptr;
@@ -70,15 +70,16 @@ void argmax(const at::Tensor& logits, at::Tensor& out, const std::optional<at::T
       dtype == at::kBFloat16
           ? launch_argmax_bf16(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()),
                                out.data_ptr<int64_t>(), rows, vocab, pairs, tickets,
-                               host_rows, slot, host_stride, tvllm::stream())
+                               host_rows, slot, host_stride, host_slots, tvllm::stream())
           : launch_argmax_f32(logits.data_ptr<float>(), out.data_ptr<int64_t>(), rows, vocab,
-                              pairs, tickets, host_rows, slot, host_stride, tvllm::stream());
+                              pairs, tickets, host_rows, slot, host_stride, host_slots,
+                              tvllm::stream());
   tvllm::check_launch(status, "argmax");
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
-  m.def("argmax(Tensor logits, Tensor(a!) out, Tensor(b!)? host=None, Tensor? host_slot=None) -> ()",
-        &argmax);
+  m.def("argmax(Tensor logits, Tensor(a!) out, Tensor(b!)? host=None, "
+        "Tensor? host_slot=None) -> ()", &argmax);
 }

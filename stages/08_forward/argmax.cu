@@ -37,11 +37,12 @@ struct ArgBest {
   int index;
 };
 
-// Where else the answers go (rows == nullptr: nowhere): row *slot of rows [slots, stride].
+// Where else the answers go (rows == nullptr: nowhere): row *slot of rows [slots, stride]; a
+// slot outside [0, slots) stores nothing (the kernel cannot raise; out is still written).
 struct HostRows {
   int64_t* rows;
   const int64_t* slot;
-  int64_t stride;
+  int64_t stride, slots;
 };
 
 // The better of two (value, index) pairs, by the order described above.
@@ -99,7 +100,8 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
               int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets,
               HostRows host) {
   allow_next_kernel_to_start();
-  int64_t* host_row = host.rows == nullptr ? nullptr : host.rows + *host.slot * host.stride;
+  const int64_t slot = host.rows == nullptr ? -1 : *host.slot;
+  int64_t* host_row = slot >= 0 && slot < host.slots ? host.rows + slot * host.stride : nullptr;
   wait_for_previous_kernel();
   const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
   const int begin = piece * span;
@@ -165,21 +167,21 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
 
 // logits: [rows, vocab] bf16 or float32, contiguous -> out: [rows] int64
 // partial: 8 bytes a block, tickets: [rows] int32, 0 (both unused when a row is one piece:
-// argmax_pieces says). host_rows (or nullptr): [slots, host_stride] int64 that the device can
-// address (pinned host memory), host_slot: [1] int64 on the device: the answers also go to
-// row *host_slot, its first `rows` entries.
+// argmax_pieces says). host_rows (or nullptr): [host_slots, host_stride] int64 that the device
+// can address (pinned host memory), host_slot: [1] int64 on the device: the answers also go to
+// row *host_slot, its first `rows` entries (nowhere when it is outside [0, host_slots)).
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
                                 int64_t vocab, void* partial, int32_t* tickets,
                                 int64_t* host_rows, const int64_t* host_slot,
-                                int64_t host_stride, cudaStream_t stream) {
+                                int64_t host_stride, int64_t host_slots, cudaStream_t stream) {
   return launch_argmax(logits, out, rows, vocab, partial, tickets,
-                       HostRows{host_rows, host_slot, host_stride}, stream);
+                       HostRows{host_rows, host_slot, host_stride, host_slots}, stream);
 }
 
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
                                void* partial, int32_t* tickets, int64_t* host_rows,
                                const int64_t* host_slot, int64_t host_stride,
-                               cudaStream_t stream) {
+                               int64_t host_slots, cudaStream_t stream) {
   return launch_argmax(logits, out, rows, vocab, partial, tickets,
-                       HostRows{host_rows, host_slot, host_stride}, stream);
+                       HostRows{host_rows, host_slot, host_stride, host_slots}, stream);
 }

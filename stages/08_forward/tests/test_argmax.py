@@ -172,5 +172,10 @@ def test_argmax_stores_the_answers_in_host_memory(rows, vocab, seed):
                             hint="launch_argmax passes `host` (a HostRows) on to the kernel")
     assert (host[1] == -1).all() and (host[[0, 2], rows:] == -1).all(), (
         "only the slot's first `rows` entries may be written")
+    host[2] = -1
+    op().argmax(logits, out, host[:2], torch.tensor([2], device="cuda"))   # past its 2 slots
+    torch.cuda.synchronize()
+    assert (host[2] == -1).all(), "a slot outside the host buffer must store nothing"
     with pytest.raises(ValueError, match="together"):
         op().argmax(logits, out, host)
+
