@@ -185,6 +185,19 @@ def test_token_mailbox_hands_out_tokens_a_kernel_stored():
     assert after.tolist() == [5] and second.tolist() == [3] and stored.tolist() == [7, 8, 9]
 
 
+def test_forward_without_the_final_norm(model):
+    """forward(..., final_norm=False) returns the final norm's inputs; stream_logits of them
+    equals compute_logits of the normed output, and return_hidden with it is refused."""
+    metadata = parts.load("08", "attention_metadata")
+    ids, positions, meta = metadata.packed_inputs([[3, 1, 4]], model.device)
+    model.attention = metadata.PrefillAttention()
+    h, residual = model.forward(ids, positions, meta, final_norm=False)
+    expected = model.compute_logits(model.forward(ids, positions, meta), None)
+    torch.testing.assert_close(model.stream_logits(h, residual), expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="final norm"):
+        model.forward(ids, positions, meta, return_hidden=True, final_norm=False)
+
+
 def test_argmax_host_rows_on_the_cpu():
     """The CPU path keeps the same contract as the kernel: row host_slot[0] of `host` gets the
     answers, a slot outside the buffer gets nothing, and host comes with host_slot."""

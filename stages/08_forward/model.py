@@ -169,6 +169,8 @@ class LlamaModel:
         With final_norm=False the last RMSNorm is left to the caller, and forward returns its
         inputs (h, residual), [T, H] each: stream_logits takes them (a decode step's logits).
         """
+        if return_hidden and not final_norm:
+            raise ValueError("forward: return_hidden needs the final norm (final_norm=True)")
         hidden = []
         h = embedding(ids, self.embed_tokens, check=False)          # [T, H]
         residual = None             # layer 0: the stream starts as the embeddings
