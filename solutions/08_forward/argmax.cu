@@ -45,6 +45,12 @@ struct HostRows {
   int64_t stride, slots;
 };
 
+// Row r's answer: into out, and into the host row when there is one.
+__device__ __forceinline__ void put_answer(int64_t* out, int64_t* host_row, int r, int index) {
+  out[r] = index;
+  if (host_row != nullptr) host_row[r] = index;
+}
+
 // The better of two (value, index) pairs, by the order described above.
 __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
   // BEGIN SOLUTION: NaN beats numbers; larger wins; equal (or 2 NaNs): lower index | return a;
@@ -147,10 +153,7 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
   ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
                                        min(vocab, begin + span));
   if (pieces == 1) {
-    if (threadIdx.x == 0) {
-      out[r] = best.index;
-      if (host_row != nullptr) host_row[r] = best.index;
-    }
+    if (threadIdx.x == 0) put_answer(out, host_row, r, best.index);
     return;
   }
   __shared__ bool s_last;
@@ -170,10 +173,7 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
     best = better(best, ArgBest{__ldcg(&row_pairs[i].value), __ldcg(&row_pairs[i].index)});
   }
   best = warp_argmax(best);
-  if (threadIdx.x == 0) {
-    out[r] = best.index;
-    if (host_row != nullptr) host_row[r] = best.index;
-  }
+  if (threadIdx.x == 0) put_answer(out, host_row, r, best.index);
 }
 
 // How many blocks may share a row: enough for two per SM (a lone block streams a 128256-entry

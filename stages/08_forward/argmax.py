@@ -54,8 +54,10 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None,
         raise ValueError("argmax: host and host_slot come together")
     if not logits.is_cuda:
         result = argmax_native(logits)
-        if host is not None and 0 <= int(host_slot[0]) < host.shape[0]:
-            host[int(host_slot[0]), : result.shape[0]] = result
+        if host is not None:
+            slot = int(host_slot[0])
+            if 0 <= slot < host.shape[0]:
+                host[slot, : result.shape[0]] = result
         return result if out is None else out.copy_(result)
     _check(logits)
     if logits.dtype not in SUPPORTED_DTYPES:
