@@ -302,6 +302,17 @@ extern "C" const char* emu_gemv_tma(const void* x, const void* w, void* y, int f
   if (f32) EMU_CALL(launch_tma(xb, wb, static_cast<float*>(y), in_features, out_features, pair, nullptr));
   EMU_CALL(launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), in_features, out_features, pair, nullptr));
 }
+// the lm_head's greedy pick (launch_gemv_norm with pick; the product without the norm)
+extern "C" const char* emu_gemv_tma_pick(const void* x, const void* w, float* y, int in_features,
+                                         int out_features, int64_t* pick, int32_t* counters,
+                                         int64_t* host, const int64_t* slot, int64_t stride,
+                                         int64_t slots) {
+  const Pick chosen{pick, reinterpret_cast<unsigned long long*>(counters + 2), counters,
+                    HostRows{host, slot, stride, slots}};
+  EMU_CALL((launch_tma<float, true>(static_cast<const __nv_bfloat16*>(x),
+                                    static_cast<const __nv_bfloat16*>(w), y, in_features,
+                                    out_features, 0, nullptr, Prologue{}, chosen)));
+}
 // ... with the RMSNorm prologue (launch_gemv_norm's kernel)
 extern "C" const char* emu_gemv_tma_norm(const void* x, const void* add, void* sum,
                                          const void* norm, float eps, const void* w, void* y,
@@ -389,6 +400,64 @@ def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
         expected = x.float() @ w.float().t()
     tol = 1e-4 if f32 else 1.6e-2
     torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
+
+
+# (in, out, what is planted): the lm_head's greedy pick in the GEMV's epilogue, over the
+# emulated 8 blocks: the largest logit in the last block, a tie for it in two blocks (the lower
+# index must win), a NaN (it beats every number), every logit -inf (index 0), and two rows in
+# different blocks whose logits are exactly 0.0, the largest (the lower index).
+@pytest.mark.parametrize("in_features,out_features,plant", [
+    (2048, 200, "last"), (2048, 45, "tie"), (4096, 37, "nan"), (2048, 50, "-inf"),
+    (2048, 30, "zeros")])
+def test_gemv_tma_kernel_with_greedy_pick_in_the_emulator(in_features, out_features, plant):
+    """The index of the largest logit, in pick[0] and in the host row at the slot: that of
+    torch.argmax over the logits the kernel wrote (which must equal the product). Run three
+    times: the last block must leave the ticket and the key at 0; the third run names a slot
+    outside the host buffer, and nothing may be stored there."""
+    lib = _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv_tma_pick",
+                         [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4
+                         + [ctypes.c_int64] * 2)
+    g = torch.Generator().manual_seed(in_features + out_features)
+    x = torch.randn(1, in_features, generator=g).bfloat16()
+    w = (torch.randn(out_features, in_features, generator=g) * in_features ** -0.5).bfloat16()
+    if plant == "last":
+        w[out_features - 3] = x * 0.5
+    elif plant == "tie":   # rows 4 and 40 lie in different blocks (about 5-6 rows a block)
+        w[4] = w[40] = x * 0.5
+    elif plant == "nan":
+        w[30, 7] = w[33, 9] = float("nan")
+    elif plant == "-inf":
+        w[:] = 0
+        w[:, 0] = float("-inf")
+        x[0, 0] = 1.0
+    elif plant == "zeros":
+        w = -w.abs()           # every logit at most 0 ...
+        x = x.abs()
+        w[3] = w[20] = 0       # ... and rows 3 and 20 exactly 0.0: the largest
+    counters = torch.zeros(4, dtype=torch.int32)
+    host = torch.full((3, 2), -1, dtype=torch.int64)
+    for run, slot in enumerate((1, 2, 7)):
+        y = torch.full((1, out_features), 7.0)
+        pick = torch.full((1,), -1, dtype=torch.int64)
+        slot_t = torch.tensor([slot], dtype=torch.int64)
+        before = host.clone()
+        _ok(lib(x.data_ptr(), w.data_ptr(), y.data_ptr(), in_features, out_features,
+                pick.data_ptr(), counters.data_ptr(), host.data_ptr(), slot_t.data_ptr(),
+                host.shape[1], host.shape[0]))
+        expected_y = x.float() @ w.float().t()
+        torch.testing.assert_close(y, expected_y, atol=1e-4, rtol=1e-4, equal_nan=True)
+        expected = int(torch.argmax(y[0]))
+        assert int(pick[0]) == expected, (
+            f"run {run + 1} ({plant}): the pick is {int(pick[0])}, torch.argmax of the "
+            f"kernel's own logits is {expected} (ties: the lower index; a NaN beats every number)")
+        assert counters.tolist() == [0, 0, 0, 0], (
+            f"run {run + 1}: the ticket and the key must be back to 0, got {counters.tolist()}")
+        after = before.clone()
+        if slot < host.shape[0]:
+            after[slot, 0] = expected
+        assert torch.equal(host, after), (
+            f"run {run + 1}: the host buffer should be {after.tolist()} (slot {slot}: its first "
+            f"entry only, nothing outside the buffer), got {host.tolist()}")
 
 
 # (in, out, pair, add, f32): the one-token GEMV with a decoder layer's RMSNorm as its
@@ -563,10 +632,11 @@ ARGMAX_SHIM = CALL + """
 extern "C" const char* emu_argmax(const void* logits, int64_t* out, int64_t rows, int64_t vocab,
                                   int f32, void* partial, int32_t* tickets, int64_t* host,
                                   const int64_t* slot, int64_t stride, int64_t slots) {
+  const HostRows rows_of_host{host, slot, stride, slots};
   if (f32) EMU_CALL(launch_argmax_f32(static_cast<const float*>(logits), out, rows, vocab,
-                                      partial, tickets, host, slot, stride, slots, nullptr));
+                                      partial, tickets, rows_of_host, nullptr));
   EMU_CALL(launch_argmax_bf16(static_cast<const __nv_bfloat16*>(logits), out, rows, vocab,
-                              partial, tickets, host, slot, stride, slots, nullptr));
+                              partial, tickets, rows_of_host, nullptr));
 }
 extern "C" int emu_argmax_most_pieces(int64_t rows) { return argmax_most_pieces(rows); }
 """

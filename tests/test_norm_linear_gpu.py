@@ -96,9 +96,59 @@ def test_add_rmsnorm_linear_gives_float32_logits(seed, tokens):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_add_rmsnorm_linear_picks_the_greedy_token(seed, tokens):
+    """pick= (the decode graph's greedy tokens, LlamaModel.stream_logits): each row's
+    torch.argmax of the logits the op returned, in pick and in the host row at the slot. The
+    vocabulary of Llama 3 with the largest logit planted twice, at rows 1000 and 120000 (in
+    different blocks: the lower index must win), then a NaN (it beats every number). Four
+    calls: the kernel's ticket and key must be back at 0 after each, and the fourth names a
+    slot outside the host buffer (nothing stored). On sm_90 one token is one kernel, with no
+    argmax kernel after it (from the second call: the first may zero the kept counters)."""
+    gen = checks.generator("cuda", seed)
+    x = checks.randn((tokens, 2048), torch.bfloat16, "cuda", gen)
+    norm = (1 + 0.1 * checks.randn((2048,), torch.float32, "cuda", gen)).bfloat16()
+    w = (checks.randn((128256, 2048), torch.float32, "cuda", gen) * 2048 ** -0.5).bfloat16()
+    normed = parts.reference("04", "rmsnorm").rmsnorm_native(x, norm, 1e-5)
+    op = ops.get("add_rmsnorm_linear")
+    host = torch.full((3, tokens), -1, dtype=torch.int64).pin_memory()
+    for call, (slot, plant) in enumerate([(0, None), (2, "tie"), (1, "nan"), (5, None)]):
+        if plant == "tie":
+            w[1000] = w[120000] = (normed[0] * 4).bfloat16()
+        elif plant == "nan":
+            w[77777, 3] = float("nan")
+        pick = torch.full((tokens,), -1, dtype=torch.int64, device="cuda")
+        host_slot = torch.tensor([slot], device="cuda")
+        before = host.clone()
+        (y, _), ran = checks.kernels_of(lambda: op(
+            x, None, norm, 1e-5, w, out_dtype=torch.float32, pick=pick, host=host,
+            host_slot=host_slot))
+        expected = torch.argmax(y, dim=-1)
+        checks.assert_equal(pick, expected,
+                            what=f"call {call + 1}: the pick against torch.argmax of the logits "
+                                 "(ties: the lower index; a NaN beats every number)")
+        if plant == "tie" and tokens == 1 and _hopper():  # one GEMV: equal rows, equal sums
+            assert float(y[0, 1000]) == float(y[0, 120000]) and int(pick[0]) == 1000, (
+                f"rows 1000 and 120000 tie at the top ({float(y[0, 1000])}, "
+                f"{float(y[0, 120000])}): the pick must be 1000, got {int(pick[0])}")
+        after = before.clone()
+        if slot < host.shape[0]:
+            after[slot] = expected.cpu()
+        assert torch.equal(host, after), (
+            f"call {call + 1}: the host buffer should be {after.tolist()} (the row at slot "
+            f"{slot} only; nothing outside the buffer), got {host.tolist()}")
+        if tokens == 1 and _hopper() and call > 0:  # the first call may zero the counters
+            others = sorted({n for n in ran if "gemv_kernel_tma" not in n})
+            assert any("gemv_kernel_tma" in n for n in ran) and not others, (
+                f"one token on sm_90: the GEMV alone, picking in its epilogue; the GPU also "
+                f"ran {others}")
+
+
+@pytest.mark.gpu
 def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
     """The binding names what is wrong: two tokens, a norm of the wrong length, a paired
-    weight of the wrong height, a sum that is x itself, a misaligned norm weight."""
+    weight of the wrong height, a sum that is x itself, a misaligned norm weight, a pick of
+    bf16 output, a host row without a pick or without its slot."""
     if not (_hopper() and parts.kernels().rmsnorm_linear_fits(2048, 64)):
         pytest.skip("the GEMV with the norm runs on sm_90 code only")
     gen = checks.generator("cuda", seed)
@@ -120,3 +170,12 @@ def test_rmsnorm_linear_refuses_what_it_cannot_run(seed):
     flat = torch.ones(2056, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         k.rmsnorm_linear(x[:1], None, None, flat[1:2049], 1e-5, w, out, 0)
+    pick = torch.zeros(1, dtype=torch.int64, device="cuda")
+    with pytest.raises(RuntimeError, match="float32 logits"):
+        k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w, out, 0, pick)
+    host = torch.zeros((2, 1), dtype=torch.int64).pin_memory()
+    with pytest.raises(RuntimeError, match="pass pick too"):
+        k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w, out.float(), 0, None, host,
+                         torch.zeros(1, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="come together"):
+        k.rmsnorm_linear(x[:1], None, None, norm, 1e-5, w, out.float(), 0, pick, host)

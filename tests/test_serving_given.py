@@ -198,6 +198,29 @@ def test_forward_without_the_final_norm(model):
         model.forward(ids, positions, meta, return_hidden=True, final_norm=False)
 
 
+def test_stream_logits_picks_the_greedy_tokens(model):
+    """stream_logits(..., pick=, host=, host_slot=): the logits as without a pick, each row's
+    argmax in pick, and in the host row at the slot (a slot outside the buffer: nowhere)."""
+    metadata = parts.load("08", "attention_metadata")
+    ids, positions, meta = metadata.packed_inputs([[3, 1, 4], [2, 7]], model.device)
+    model.attention = metadata.PrefillAttention()
+    h, residual = model.forward(ids, positions, meta, final_norm=False)
+    plain = model.stream_logits(h.clone(), residual.clone())
+    host = torch.full((2, 5), -1, dtype=torch.int64)
+    for slot in (1, 4):
+        pick = torch.full((5,), -1, dtype=torch.int64)
+        logits = model.stream_logits(h.clone(), residual.clone(), pick=pick, host=host,
+                                     host_slot=torch.tensor([slot]))
+        torch.testing.assert_close(logits, plain, rtol=0, atol=0)
+        assert pick.tolist() == plain.argmax(dim=-1).tolist()
+    assert host.tolist() == [[-1] * 5, plain.argmax(dim=-1).tolist()], (
+        "the tokens go to the slot's row only; a slot outside the buffer stores nothing")
+    with pytest.raises(ValueError, match="silu_mul"):
+        parts.load("08", "norm_linear").add_rmsnorm_linear(
+            h, residual, model.final_norm, 1e-5, torch.cat([model.lm_head] * 2), silu_mul=True,
+            pick=pick)
+
+
 def test_argmax_host_rows_on_the_cpu():
     """The CPU path keeps the same contract as the kernel: row host_slot[0] of `host` gets the
     answers, a slot outside the buffer gets nothing, and host comes with host_slot."""

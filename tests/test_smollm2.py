@@ -248,6 +248,7 @@ def test_cache_dir_from_environment(monkeypatch, tmp_path):
 
 
 def test_missing_package_says_how_to_install(monkeypatch):
+    monkeypatch.delenv(smollm2.GGUF_ENV, raising=False)  # the override would skip the package
     real = smollm2.importlib.util.find_spec
     monkeypatch.setattr(smollm2.importlib.util, "find_spec",
                         lambda name, *a: None if name == smollm2.PACKAGE else real(name, *a))

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -97,6 +98,26 @@ inline void* device_address(const at::Tensor& t, const char* name) {
               ": the GPU cannot address this pinned memory (",
               err == cudaSuccess ? "no device pointer" : cudaGetErrorString(err), ")");
   return attributes.devicePointer;
+}
+
+// host (optional): [slots, >= rows] int64 pinned CPU memory, with host_slot [1] int64 on
+// like's device (the two together or neither): the HostRows (tvllm.h) that a kernel also
+// stores `rows` answers in, row host[host_slot[0]] (stage 08's argmax, stage 06's lm_head
+// with the greedy pick).
+inline HostRows host_rows(const std::optional<at::Tensor>& host,
+                          const std::optional<at::Tensor>& host_slot, const at::Tensor& like,
+                          int64_t rows) {
+  TORCH_CHECK(host.has_value() == host_slot.has_value(), "host and host_slot come together");
+  if (!host) return HostRows{nullptr, nullptr, 0, 0};
+  TORCH_CHECK(!host->is_cuda() && host->scalar_type() == at::kLong && host->dim() == 2 &&
+                  host->is_contiguous() && host->size(1) >= rows,
+              "host must be a contiguous [slots, >= ", rows, "] int64 CPU tensor, got ",
+              host->scalar_type(), " ", host->sizes());
+  auto* host_rows = static_cast<int64_t*>(device_address(*host, "host"));
+  check_tensor(*host_slot, "host_slot", at::kLong, 1);
+  check_same_device(like, *host_slot);
+  TORCH_CHECK(host_slot->size(0) == 1, "host_slot must be [1], got ", host_slot->sizes());
+  return HostRows{host_rows, host_slot->data_ptr<int64_t>(), host->size(1), host->size(0)};
 }
 
 }  // namespace tvllm

@@ -34,3 +34,14 @@ inline int tvllm_sm_count() {
   }
   return sms;
 }
+
+// Rows of pinned host memory a kernel also stores its answers in (rows == nullptr: none):
+// row *slot of rows [slots, stride], read by the kernel when it runs (a step input on the
+// device), so a CUDA graph replays with another slot; a slot outside [0, slots) stores
+// nothing (a kernel cannot raise). Stage 08's argmax and stage 06's lm_head GEMV store a
+// decode step's tokens there (host_rows.cuh reads the slot; binding.h checks the tensors).
+struct HostRows {
+  int64_t* rows;
+  const int64_t* slot;
+  int64_t stride, slots;
+};

@@ -17,6 +17,7 @@ bool gemv_norm_fits(int64_t in_features, int64_t out_features);
 tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
                               float eps, const void* weight, void* y, bool y_f32,
                               int64_t in_features, int64_t out_features, int64_t inter,
+                              int64_t* pick, int32_t* counters, HostRows host,
                               cudaStream_t stream);
 
 namespace {
@@ -77,10 +78,15 @@ void linear_silu_mul(const at::Tensor& x, const at::Tensor& weight, at::Tensor& 
 
 // x: [1, in] bf16; add: [1, in] bf16 or None; sum: [1, in] bf16 or None, its own buffer (gets
 // x + add); norm: [in] bf16; weight: [out, in] bf16, [2 inter, in] when inter > 0 (gate rows,
-// then up rows) -> out: [1, out], or [1, inter] = silu_mul of the pair. See gemv.cu.
+// then up rows) -> out: [1, out], or [1, inter] = silu_mul of the pair. pick (optional, with
+// float32 out of a plain projection: the logits): [1] int64 <- the index of out's largest
+// value, the greedy token (also into host[host_slot[0], 0] when host is given: binding.h's
+// host_rows). See gemv.cu.
 void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
                     const std::optional<at::Tensor>& sum, const at::Tensor& norm, double eps,
-                    const at::Tensor& weight, at::Tensor& out, int64_t inter) {
+                    const at::Tensor& weight, at::Tensor& out, int64_t inter,
+                    const std::optional<at::Tensor>& pick, const std::optional<at::Tensor>& host,
+                    const std::optional<at::Tensor>& host_slot) {
   tvllm::check_tensor(x, "x", at::kBFloat16, 2);
   tvllm::check_tensor(norm, "norm", at::kBFloat16, 1);
   tvllm::check_tensor(weight, "weight", at::kBFloat16, 2);
@@ -106,12 +112,24 @@ void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
     TORCH_CHECK((*t)->sizes() == x.sizes(), "rmsnorm_linear: add and sum must be x's shape ",
                 x.sizes(), ", got ", (*t)->sizes());
   }
+  TORCH_CHECK(pick || !host, "rmsnorm_linear: host stores the pick; pass pick too");
+  int32_t* counters = nullptr;
+  if (pick) {
+    TORCH_CHECK(out_f32, "rmsnorm_linear: the greedy pick takes float32 logits (out float32, "
+                "inter 0), got out ", out.scalar_type(), " and inter ", inter);
+    tvllm::check_tensor(*pick, "pick", at::kLong, 1);
+    tvllm::check_same_device(x, *pick);
+    TORCH_CHECK(pick->size(0) == 1, "rmsnorm_linear: pick must be [1], got ", pick->sizes());
+  }
+  const HostRows host_rows = tvllm::host_rows(host, host_slot, x, 1);
   c10::cuda::CUDAGuard guard(x.device());
+  if (pick) counters = tvllm::tickets(x, 4);  // the pick's ticket, then its 64-bit key
   tvllm::check_launch(
       launch_gemv_norm(x.data_ptr(), add ? add->data_ptr() : nullptr,
                        sum ? sum->data_ptr() : nullptr, norm.data_ptr(), static_cast<float>(eps),
                        weight.data_ptr(), out.data_ptr(), out_f32, x.size(1), weight.size(0),
-                       inter, tvllm::stream()),
+                       inter, pick ? pick->data_ptr<int64_t>() : nullptr, counters, host_rows,
+                       tvllm::stream()),
       "rmsnorm_linear");
 }
 
@@ -121,6 +139,7 @@ TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
   m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv) -> ()", &linear);
   m.def("linear_silu_mul(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear_silu_mul);
   m.def("rmsnorm_linear(Tensor x, Tensor? add, Tensor(a!)? sum, Tensor norm, float eps, "
-        "Tensor weight, Tensor(b!) out, int inter) -> ()", &rmsnorm_linear);
+        "Tensor weight, Tensor(b!) out, int inter, Tensor(c!)? pick=None, "
+        "Tensor(d!)? host=None, Tensor? host_slot=None) -> ()", &rmsnorm_linear);
   m.def("rmsnorm_linear_fits(int in_features, int out_features) -> bool", &gemv_norm_fits);
 }

@@ -49,6 +49,7 @@
 
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
+#include "host_rows.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
@@ -302,7 +303,10 @@ constexpr int kTmaBlocksPerSm = 2;
 constexpr int kTmaRegisterBlocks = 3;
 constexpr int kTmaMaxIn = 16384;
 constexpr int kTmaMaxSums = 4096;                         // rows x halves a block sums
-constexpr size_t kTmaHead = 128;  // the stages' mbarriers and the prologue's warp sums, then the ring
+// The stages' mbarriers (16 bytes), from byte 64 the prologue's warp sums (later the pick's
+// warp keys); then the ring.
+constexpr size_t kTmaHead = 128;
+static_assert(kTmaStages * 8 <= 16 && kTmaWarps * 8 <= 64, "kTmaHead's layout");
 // At least this much shared memory a block, so that no more than 2 of these blocks share an
 // SM of 228 KB (all sm_90 GPUs): the next GEMV's blocks, launched early under PDL, find no
 // room beside the running one's and wait until it leaves, while the step's small kernels
@@ -330,6 +334,60 @@ struct Prologue {
   const __nv_bfloat16* norm = nullptr;  // [in]: the RMSNorm's weight, or no prologue
   float eps = 0.f;
 };
+// What gemv_kernel_tma does after the product (the lm_head's greedy pick, launch_gemv_norm
+// with `pick`): besides the float32 logits, the index of the largest goes to out[0] and to the
+// host row, with no argmax kernel after the GEMV. Each block reduces its outputs to one 64-bit
+// key (pick_key), puts it into the kept key with one atomicMax and draws a ticket; the block
+// that draws the last ticket reads the winner, stores its index and sets key and ticket back
+// to 0 for the next launch (binding.h's tvllm::tickets keeps them). A batch-1 decode step
+// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200, thirty-second session,
+// call 4: docs/gpu-runs.md).
+struct Pick {
+  int64_t* out = nullptr;              // [1]: the index; nullptr: no pick
+  unsigned long long* key = nullptr;   // the best key so far, 0 between launches
+  int32_t* ticket = nullptr;           // blocks done, 0 between launches
+  HostRows host{nullptr, nullptr, 0, 0};
+};
+
+// The greedy order of stage 08's better() -- a NaN above every number, then the larger value,
+// then, between equal values, the lower index -- as one unsigned integer, so that a block's
+// pick is a max and the grid's one atomicMax: the value's bits in the high word (a float's
+// bits read as an unsigned integer sort like the float once the negative ones are flipped and
+// the positive ones get the sign bit; -0.0 + 0.0 is +0.0, the zeros are equal; every NaN
+// above +inf), the index counted down in the low word. Every element's key is above 0, which
+// stands for "none yet" (-inf's high word is 0x007fffff).
+__device__ __forceinline__ unsigned long long pick_key(float v, int index) {
+  const unsigned bits = __float_as_uint(v + 0.f);
+  const unsigned order = isnan(v) ? 0xffffffffu : bits >> 31 ? ~bits : bits | 0x80000000u;
+  return static_cast<unsigned long long>(order) << 32 | (0xffffffffu - static_cast<unsigned>(index));
+}
+
+// The block's largest key (the kernel's `best` of each thread) into the grid's pick; thread
+// 0 of the last block stores the winner's index, and reads the host slot only then (a step
+// input: any time will do). keys: kTmaWarps of shared memory. Every thread calls it.
+__device__ __forceinline__ void finish_pick(unsigned long long best, const Pick& pick,
+                                            unsigned long long* keys) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, offset);
+    best = other > best ? other : best;
+  }
+  if (threadIdx.x % 32 == 0) keys[threadIdx.x / 32] = best;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kTmaWarps; ++w) best = keys[w] > best ? keys[w] : best;
+  atomicMax(pick.key, best);
+  __threadfence();  // the key is in before the ticket that says so
+  if (atomicAdd(pick.ticket, 1) != static_cast<int>(gridDim.x) - 1) return;
+  __threadfence();
+  const unsigned long long winner = atomicExch(pick.key, 0ull);
+  *pick.ticket = 0;
+  const int64_t index = 0xffffffffu - static_cast<unsigned>(winner);
+  pick.out[0] = index;
+  int64_t* const answers = host_row(pick.host);
+  if (answers != nullptr) answers[0] = index;
+}
+
 // x into shared memory as the product uses it (Prologue); warp_sums: kTmaWarps floats of
 // shared memory; w0: the norm weight's piece tid, read before the PDL wait (at hidden 2048,
 // the only one: the second pass then waits for no load). s waits in xs between the two passes
@@ -415,15 +473,19 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 // y: [1, out] of OutT; in % 2048 == 0, in <= kTmaMaxIn; dynamic shared memory
 // tma_smem_bytes(in, ceil(out / grid) x (pair ? 2 : 1)).
 // Two blocks an SM (kTmaMinSmem makes sure of no more), registers for three
-// (kTmaRegisterBlocks).
-template <typename OutT>
+// (kTmaRegisterBlocks). kPick: the greedy pick after the product (Pick; float32 y). An
+// instance of its own: the epilogue's code in every GEMV's instance changed how the compiler
+// laid out the kernel, and made a batch-1 token 10 us slower (the H200, thirty-second session,
+// call 3).
+template <typename OutT, bool kPick = false>
 __global__ void __launch_bounds__(kTmaThreads, kTmaRegisterBlocks)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
-                OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro) {
+                OutT* __restrict__ y, int in_features, int out_features, int pair, Prologue pro,
+                Pick pick) {
   extern __shared__ uint4 smem[];
   allow_next_kernel_to_start();
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  float* warp_sums = reinterpret_cast<float*>(smem + 4);  // after the mbarriers, in kTmaHead
+  float* warp_sums = reinterpret_cast<float*>(smem + 4);
   uint4* ring = smem + kTmaHead / 16;
   uint4* xs = ring + kTmaStages * kTmaStagePieces;
   const int pieces = in_features / 8;
@@ -483,8 +545,16 @@ gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __rest
     __syncthreads();  // every warp is done with slot k % kTmaStages
     if (tid == 0) request(k + kTmaStages);
   }
-  for (int r = tid; r < rows; r += kTmaThreads)
-    y[r0 + r] = from_float<OutT>(pair > 0 ? silu_mul_of(sums[r], sums[rows + r]) : sums[r]);
+  unsigned long long best = 0;  // the pick's: this thread's largest key
+  for (int r = tid; r < rows; r += kTmaThreads) {
+    const OutT out = from_float<OutT>(pair > 0 ? silu_mul_of(sums[r], sums[rows + r]) : sums[r]);
+    y[r0 + r] = out;
+    if constexpr (kPick) {
+      const unsigned long long key = pick_key(to_float(out), r0 + r);
+      best = key > best ? key : best;
+    }
+  }
+  if constexpr (kPick) finish_pick(best, pick, reinterpret_cast<unsigned long long*>(warp_sums));
 }
 
 namespace {
@@ -518,10 +588,10 @@ bool tma_fits(int in_features, int out_features) {
 
 // gemv_kernel_tma on kTmaBlocksPerSm blocks per SM (fewer when out is smaller), PDL where the
 // kernel has the wait (pdl.cuh's launch_early). The caller checked tma_fits (or, in the CPU emulator, the shapes).
-template <typename OutT>
+template <typename OutT, bool kPick = false>
 tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y,
                         int in_features, int out_features, int pair, cudaStream_t stream,
-                        const Prologue& pro = Prologue{}) {
+                        const Prologue& pro = Prologue{}, const Pick& pick = Pick{}) {
   static const int sms = tvllm_sm_count();
   if (sms <= 0) return "gemv: could not ask the device how many SMs it has";
   if (!tma_shape(in_features, out_features))
@@ -533,17 +603,17 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
   const bool one_stage = static_cast<int64_t>(sums) * (in_features / 8) <= kTmaStagePieces;
   const size_t smem = one_stage || needed > kTmaMinSmem ? needed : kTmaMinSmem;
   static const bool opted_in =
-      cudaFuncSetAttribute(gemv_kernel_tma<OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(gemv_kernel_tma<OutT, kPick>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(kTmaMaxSmem)) == cudaSuccess &&
-      cudaFuncSetAttribute(gemv_kernel_tma<OutT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaFuncSetAttribute(gemv_kernel_tma<OutT, kPick>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) == cudaSuccess;
   if (!opted_in) {
     cudaGetLastError();
     return "gemv (bulk copies): the device refused the kernel's shared memory";
   }
-  const cudaError_t err = launch_early(gemv_kernel_tma<OutT>, dim3(blocks), dim3(kTmaThreads),
+  const cudaError_t err = launch_early(gemv_kernel_tma<OutT, kPick>, dim3(blocks), dim3(kTmaThreads),
                                        smem, stream, x, weight, y, in_features, out_features,
-                                       pair, pro);
+                                       pair, pro, pick);
   return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
 }
 
@@ -642,10 +712,13 @@ bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
 // x, add, sum, norm: [1, in] bf16 (add, sum may be null: no add, the sum not stored; sum never
 // x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16, or
 // float32 when y_f32 (not paired: the logits of the lm_head after the model's final norm).
-// gemv_norm_fits(in, out) must hold.
+// pick (or nullptr): [1] int64, the index of y's largest value (Pick; float32 y only), also
+// stored in host's row; counters: 4 int32, 0, 8-byte aligned (its ticket, then its 64-bit
+// key), left at 0. gemv_norm_fits(in, out) must hold.
 tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
                               float eps, const void* weight, void* y, bool y_f32,
                               int64_t in_features, int64_t out_features, int64_t inter,
+                              int64_t* pick, int32_t* counters, HostRows host,
                               cudaStream_t stream) {
   if (!gemv_norm_fits(in_features, out_features) ||
       !gemv_fits(true, 1, in_features, out_features, x, weight))
@@ -658,12 +731,20 @@ tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const v
   for (const void* p : {add, static_cast<const void*>(sum), norm})
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
       return "gemv with RMSNorm: add, sum and the norm's weight must be 16-byte aligned";
+  if (pick != nullptr &&
+      (!y_f32 || inter > 0 || counters == nullptr || reinterpret_cast<uintptr_t>(counters) % 8 != 0))
+    return "gemv with RMSNorm: the greedy pick takes float32 logits of a plain projection and "
+           "8-byte aligned counters";
   const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),
                      static_cast<const __nv_bfloat16*>(norm), eps};
   const int n = static_cast<int>(inter > 0 ? inter : out_features);
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int k = static_cast<int>(in_features), pair = static_cast<int>(inter);
+  if (pick != nullptr)
+    return launch_tma<float, true>(
+        xb, wb, static_cast<float*>(y), k, n, pair, stream, pro,
+        Pick{pick, reinterpret_cast<unsigned long long*>(counters + 2), counters, host});
   return y_f32 ? launch_tma(xb, wb, static_cast<float*>(y), k, n, pair, stream, pro)
                : launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), k, n, pair, stream, pro);
 }

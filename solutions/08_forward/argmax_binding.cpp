@@ -11,13 +11,11 @@
 
 int argmax_most_pieces(int64_t rows);
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
-                                int64_t vocab, void* partial, int32_t* tickets,
-                                int64_t* host_rows, const int64_t* host_slot,
-                                int64_t host_stride, int64_t host_slots, cudaStream_t stream);
+                                int64_t vocab, void* partial, int32_t* tickets, HostRows host,
+                                cudaStream_t stream);
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
-                               void* partial, int32_t* tickets, int64_t* host_rows,
-                               const int64_t* host_slot, int64_t host_stride,
-                               int64_t host_slots, cudaStream_t stream);
+                               void* partial, int32_t* tickets, HostRows host,
+                               cudaStream_t stream);
 
 namespace {
 
@@ -40,23 +38,9 @@ void argmax(const at::Tensor& logits, at::Tensor& out, const std::optional<at::T
   TORCH_CHECK(logits.size(0) == 0 || (logits.size(1) > 0 && logits.size(1) < INT_MAX / 2),
               "the vocabulary must have between 1 and ", INT_MAX / 2, " entries, got ",
               logits.size(1));
-  TORCH_CHECK(host.has_value() == host_slot.has_value(), "host and host_slot come together");
-  int64_t* host_rows = nullptr;
-  const int64_t* slot = nullptr;
-  if (host) {
-    TORCH_CHECK(!host->is_cuda() && host->scalar_type() == at::kLong && host->dim() == 2 &&
-                    host->is_contiguous() && host->size(1) >= logits.size(0),
-                "host must be a contiguous [slots, >= rows] int64 CPU tensor, got ",
-                host->scalar_type(), " ", host->sizes());
-    host_rows = static_cast<int64_t*>(tvllm::device_address(*host, "host"));
-    tvllm::check_tensor(*host_slot, "host_slot", at::kLong, 1);
-    tvllm::check_same_device(logits, *host_slot);
-    TORCH_CHECK(host_slot->size(0) == 1, "host_slot must be [1], got ", host_slot->sizes());
-    slot = host_slot->data_ptr<int64_t>();
-  }
+  const HostRows host_rows = tvllm::host_rows(host, host_slot, logits, logits.size(0));
   c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  const int64_t host_stride = host ? host->size(1) : 0, host_slots = host ? host->size(0) : 0;
   const int64_t pieces = rows == 0 ? 1 : argmax_most_pieces(rows);
   at::Tensor partial;  // 8 bytes (value, index) a block
   void* pairs = nullptr;
@@ -70,10 +54,9 @@ void argmax(const at::Tensor& logits, at::Tensor& out, const std::optional<at::T
       dtype == at::kBFloat16
           ? launch_argmax_bf16(reinterpret_cast<const __nv_bfloat16*>(logits.data_ptr()),
                                out.data_ptr<int64_t>(), rows, vocab, pairs, tickets,
-                               host_rows, slot, host_stride, host_slots, tvllm::stream())
+                               host_rows, tvllm::stream())
           : launch_argmax_f32(logits.data_ptr<float>(), out.data_ptr<int64_t>(), rows, vocab,
-                              pairs, tickets, host_rows, slot, host_stride, host_slots,
-                              tvllm::stream());
+                              pairs, tickets, host_rows, tvllm::stream());
   tvllm::check_launch(status, "argmax");
 }
 

@@ -21,6 +21,7 @@ from course import ops, parts
 
 rmsnorm, fused_add_rmsnorm = ops.get("rmsnorm"), ops.get("fused_add_rmsnorm")
 linear, linear_silu_mul = ops.get("linear"), ops.get("linear_silu_mul")
+argmax = ops.get("argmax")
 one_token_operands = parts.load("08", "activation").one_token_operands
 
 
@@ -39,26 +40,32 @@ def _one_token_gemv(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.
 
 def add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: torch.Tensor,
                        eps: float, weight: torch.Tensor, silu_mul: bool = False,
-                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       out_dtype: torch.dtype | None = None, pick: torch.Tensor | None = None,
+                       host: torch.Tensor | None = None, host_slot: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, stream): stream = x + residual (x itself when residual is None), y = the projection
     of rmsnorm(stream, norm, eps) by weight: linear, or linear_silu_mul when silu_mul.
 
     x, residual: [T, H]; norm: [H]; weight: [out, H] ([2 I, H], gate rows then up rows, with
     silu_mul) -> y: [T, out] ([T, I]), stream: [T, H]; one dtype, but y in out_dtype when given
     (torch.float32: the logits, the lm_head after the model's final norm; not with silu_mul).
+    pick (optional, [T] int64; host, host_slot as argmax takes them): each row's argmax of y
+    goes there too, the greedy token -- argmax(y, pick, host, host_slot), which the one-token
+    GEMV does in its epilogue (gemv.cu, `Pick`): no argmax kernel after the lm_head.
     Like fused_add_rmsnorm it may overwrite x and residual (the two-op path works in place):
     use what it returns.
     """
-    if silu_mul and out_dtype not in (None, x.dtype):
-        raise ValueError("add_rmsnorm_linear: silu_mul gives y in x's dtype; out_dtype is for "
-                         "a plain projection (the logits)")
-    if _one_token_gemv(x, residual, norm, weight, silu_mul):
+    if silu_mul and (out_dtype not in (None, x.dtype) or pick is not None):
+        raise ValueError("add_rmsnorm_linear: silu_mul gives y in x's dtype, with no pick; "
+                         "out_dtype and pick are for a plain projection (the logits)")
+    if _one_token_gemv(x, residual, norm, weight, silu_mul) and (
+            pick is None or out_dtype == torch.float32):
         inter = weight.shape[0] // 2 if silu_mul else 0     # 0: a plain projection
         y = torch.empty((1, inter or weight.shape[0]), dtype=out_dtype or x.dtype,
                         device=x.device)
         stream = x if residual is None else torch.empty_like(x)
         parts.kernels().rmsnorm_linear(x, residual, None if residual is None else stream, norm,
-                                       float(eps), weight, y, inter)
+                                       float(eps), weight, y, inter, pick, host, host_slot)
         return y, stream
     if residual is None:
         stream, normed = x, rmsnorm(x, norm, eps)
@@ -66,4 +73,7 @@ def add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor | None, norm: tor
         normed, stream = fused_add_rmsnorm(x, residual, norm, eps)
     if silu_mul:
         return linear_silu_mul(normed, weight), stream
-    return linear(normed, weight, out_dtype=out_dtype), stream
+    y = linear(normed, weight, out_dtype=out_dtype)
+    if pick is not None:
+        argmax(y, pick, host, host_slot)
+    return y, stream

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course import manifest, ops, parts
+from course import manifest, parts
 from solutions.engine import sampler
 
 _kv = parts.load("09", "kv_cache")
@@ -225,10 +225,10 @@ class ModelRunner:
         """What a decode graph records after the forward: the final norm's inputs (h,
         residual) [B, H] -> logits [B, V] float32, and each row's argmax into next_ids [B], the
         graph's ids row, and into the mailbox's slot token_slot (all that a greedy batch needs:
-        the next step's ids are then in place, and the host's tokens with no copy)."""
-        logits = self.model.stream_logits(*stream)
-        ops.get("argmax")(logits, next_ids, self._mailbox.slots, token_slot)
-        return logits
+        the next step's ids are then in place, and the host's tokens with no copy). At batch 1
+        on an sm_90 GPU the lm_head's kernel picks them itself (stream_logits' pick)."""
+        return self.model.stream_logits(*stream, pick=next_ids, host=self._mailbox.slots,
+                                        host_slot=token_slot)
 
     def describe(self) -> str:
         graphs = (f", CUDA graphs for {len(self.decoder.sizes)} batch sizes"

@@ -28,6 +28,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "host_rows.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
@@ -35,14 +36,6 @@
 struct ArgBest {
   float value;
   int index;
-};
-
-// Where else the answers go (rows == nullptr: nowhere): row *slot of rows [slots, stride]; a
-// slot outside [0, slots) stores nothing (the kernel cannot raise; out is still written).
-struct HostRows {
-  int64_t* rows;
-  const int64_t* slot;
-  int64_t stride, slots;
 };
 
 // Row r's answer: into out, and into the host row when there is one.
@@ -106,15 +99,14 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
               int span, ArgBest* __restrict__ partial, int32_t* __restrict__ tickets,
               HostRows host) {
   allow_next_kernel_to_start();
-  const int64_t slot = host.rows == nullptr ? -1 : *host.slot;
-  int64_t* host_row = slot >= 0 && slot < host.slots ? host.rows + slot * host.stride : nullptr;
+  int64_t* const answers = host_row(host);  // tvllm.h's HostRows: where else the answers go
   wait_for_previous_kernel();
   const int r = blockIdx.x / pieces, piece = blockIdx.x % pieces;
   const int begin = piece * span;
   ArgBest best = block_argmax<T, kVec>(logits + static_cast<int64_t>(r) * vocab, begin,
                                        min(vocab, begin + span));
   if (pieces == 1) {
-    if (threadIdx.x == 0) put_answer(out, host_row, r, best.index);
+    if (threadIdx.x == 0) put_answer(out, answers, r, best.index);
     return;
   }
   __shared__ bool s_last;
@@ -134,7 +126,7 @@ argmax_kernel(const T* __restrict__ logits, int64_t* __restrict__ out, int vocab
     best = better(best, ArgBest{__ldcg(&row_pairs[i].value), __ldcg(&row_pairs[i].index)});
   }
   best = warp_argmax(best);
-  if (threadIdx.x == 0) put_answer(out, host_row, r, best.index);
+  if (threadIdx.x == 0) put_answer(out, answers, r, best.index);
 }
 
 // How many blocks may share a row: enough for two per SM (a lone block streams a 128256-entry
@@ -167,21 +159,16 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
 
 // logits: [rows, vocab] bf16 or float32, contiguous -> out: [rows] int64
 // partial: 8 bytes a block, tickets: [rows] int32, 0 (both unused when a row is one piece:
-// argmax_pieces says). host_rows (or nullptr): [host_slots, host_stride] int64 that the device
-// can address (pinned host memory), host_slot: [1] int64 on the device: the answers also go to
-// row *host_slot, its first `rows` entries (nowhere when it is outside [0, host_slots)).
+// argmax_pieces says). host: the answers also go to its row *host.slot, the first `rows`
+// entries (tvllm.h's HostRows; host.rows == nullptr: nowhere).
 tvllm_status launch_argmax_bf16(const __nv_bfloat16* logits, int64_t* out, int64_t rows,
-                                int64_t vocab, void* partial, int32_t* tickets,
-                                int64_t* host_rows, const int64_t* host_slot,
-                                int64_t host_stride, int64_t host_slots, cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, partial, tickets,
-                       HostRows{host_rows, host_slot, host_stride, host_slots}, stream);
+                                int64_t vocab, void* partial, int32_t* tickets, HostRows host,
+                                cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets, host, stream);
 }
 
 tvllm_status launch_argmax_f32(const float* logits, int64_t* out, int64_t rows, int64_t vocab,
-                               void* partial, int32_t* tickets, int64_t* host_rows,
-                               const int64_t* host_slot, int64_t host_stride,
-                               int64_t host_slots, cudaStream_t stream) {
-  return launch_argmax(logits, out, rows, vocab, partial, tickets,
-                       HostRows{host_rows, host_slot, host_stride, host_slots}, stream);
+                               void* partial, int32_t* tickets, HostRows host,
+                               cudaStream_t stream) {
+  return launch_argmax(logits, out, rows, vocab, partial, tickets, host, stream);
 }

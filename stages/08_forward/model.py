@@ -238,14 +238,19 @@ class LlamaModel:
         raise NotImplementedError("TODO stage 08: index_select the rows unless rows is None; lm_head linear with out_dtype=torch.float32 (about 7 lines)")
 
 
-    def stream_logits(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def stream_logits(self, h: torch.Tensor, residual: torch.Tensor | None,
+                      pick: torch.Tensor | None = None, host: torch.Tensor | None = None,
+                      host_slot: torch.Tensor | None = None) -> torch.Tensor:
         """Every row's logits [T, V] float32 from forward(..., final_norm=False)'s (h,
         residual): compute_logits(forward(...), None) with the final RMSNorm and the lm_head as
         one op (norm_linear.py: for one token on an sm_90 GPU one kernel, the norm in the
         GEMV's prologue; a decode step of one sequence then has no RMSNorm kernel after its
-        layers)."""
+        layers). pick, host, host_slot (optional): each row's greedy token too, as
+        argmax(logits, pick, host, host_slot) -- for one token in the same kernel's epilogue,
+        so that the step has no argmax kernel either."""
         logits, _ = add_rmsnorm_linear(h, residual, self.final_norm, self.config.rms_norm_eps,
-                                       self.lm_head, out_dtype=torch.float32)
+                                       self.lm_head, out_dtype=torch.float32, pick=pick,
+                                       host=host, host_slot=host_slot)
         return logits
 
 

@@ -318,6 +318,12 @@ template <typename T> inline T __ldg(const T* p) { return *p; }
 // one fiber runs at a time: a read-modify-write is atomic between switches
 inline float atomicAdd(float* p, float v) { const float old = *p; *p = old + v; return old; }
 inline int atomicAdd(int* p, int v) { const int old = *p; *p = old + v; return old; }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p; *p = v > old ? v : old; return old;
+}
+inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p; *p = v; return old;
+}
 // one memory for every thread, and it is always current: fences order nothing more
 inline void __threadfence() {}
 template <typename T> inline T __ldcg(const T* p) { return *p; }
