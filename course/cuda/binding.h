@@ -59,9 +59,10 @@ inline void check_launch(tvllm_status status, const char* op) {
 }
 
 // Tickets for a kernel whose last block to finish a piece of work merges it (stage 08's argmax
-// over a row's pieces, stage 14's split-K partitions): `count` int32 counters that are 0 when
-// a launch starts (the block that merges resets its own), so they are kept, not allocated per
-// call: a memset per call would be one more node in a decode graph. One zeroed buffer per
+// over a row's pieces, stage 14's split-K partitions, stage 06's greedy pick, whose 64-bit key
+// sits in words 2-3): `count` int32 counters that are 0 when a launch starts (the block that
+// merges resets its own), so they are kept, not allocated per call: a memset per call would
+// be one more node in a decode graph. One zeroed buffer per
 // device, grown (never freed: a graph captured with an older one still writes to it) when a
 // call needs more. Inside a CUDA-graph capture nothing may be allocated for later: a capture
 // that needs more than the buffer holds gets zeros of its own from the graph's pool (the
