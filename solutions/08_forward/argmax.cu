@@ -39,9 +39,9 @@ struct ArgBest {
 };
 
 // Row r's answer: into out, and into the host row when there is one.
-__device__ __forceinline__ void put_answer(int64_t* out, int64_t* host_row, int r, int index) {
+__device__ __forceinline__ void put_answer(int64_t* out, int64_t* answers, int r, int index) {
   out[r] = index;
-  if (host_row != nullptr) host_row[r] = index;
+  if (answers != nullptr) answers[r] = index;
 }
 
 // The better of two (value, index) pairs, by the order described above.
