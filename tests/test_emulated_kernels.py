@@ -307,11 +307,10 @@ extern "C" const char* emu_gemv_tma_pick(const void* x, const void* w, float* y,
                                          int out_features, int64_t* pick, int32_t* counters,
                                          int64_t* host, const int64_t* slot, int64_t stride,
                                          int64_t slots) {
-  const Pick chosen{pick, reinterpret_cast<unsigned long long*>(counters + 2), counters,
-                    HostRows{host, slot, stride, slots}};
   EMU_CALL((launch_tma<float, true>(static_cast<const __nv_bfloat16*>(x),
                                     static_cast<const __nv_bfloat16*>(w), y, in_features,
-                                    out_features, 0, nullptr, Prologue{}, chosen)));
+                                    out_features, 0, nullptr, Prologue{},
+                                    pick_of(pick, counters, HostRows{host, slot, stride, slots}))));
 }
 // ... with the RMSNorm prologue (launch_gemv_norm's kernel)
 extern "C" const char* emu_gemv_tma_norm(const void* x, const void* add, void* sum,

@@ -287,11 +287,16 @@ struct Prologue {
 // then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200, thirty-second session,
 // call 4: docs/gpu-runs.md).
 struct Pick {
-  int64_t* out = nullptr;              // [1]: the index; nullptr: no pick
+  int64_t* out = nullptr;              // [1]: the index
   unsigned long long* key = nullptr;   // the best key so far, 0 between launches
   int32_t* ticket = nullptr;           // blocks done, 0 between launches
   HostRows host{nullptr, nullptr, 0, 0};
 };
+
+// The pick over `counters`: 4 int32, 0, 8-byte aligned -- the ticket, then the 64-bit key.
+inline Pick pick_of(int64_t* out, int32_t* counters, const HostRows& host) {
+  return Pick{out, reinterpret_cast<unsigned long long*>(counters + 2), counters, host};
+}
 
 // The greedy order of stage 08's better() -- a NaN above every number, then the larger value,
 // then, between equal values, the lower index -- as one unsigned integer, so that a block's
@@ -641,8 +646,8 @@ bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
 // x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16, or
 // float32 when y_f32 (not paired: the logits of the lm_head after the model's final norm).
 // pick (or nullptr): [1] int64, the index of y's largest value (Pick; float32 y only), also
-// stored in host's row; counters: 4 int32, 0, 8-byte aligned (its ticket, then its 64-bit
-// key), left at 0. gemv_norm_fits(in, out) must hold.
+// stored in host's row; counters: as pick_of takes them, left at 0. gemv_norm_fits(in, out)
+// must hold.
 tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const void* norm,
                               float eps, const void* weight, void* y, bool y_f32,
                               int64_t in_features, int64_t out_features, int64_t inter,
@@ -670,9 +675,8 @@ tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const v
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int k = static_cast<int>(in_features), pair = static_cast<int>(inter);
   if (pick != nullptr)
-    return launch_tma<float, true>(
-        xb, wb, static_cast<float*>(y), k, n, pair, stream, pro,
-        Pick{pick, reinterpret_cast<unsigned long long*>(counters + 2), counters, host});
+    return launch_tma<float, true>(xb, wb, static_cast<float*>(y), k, n, pair, stream, pro,
+                                   pick_of(pick, counters, host));
   return y_f32 ? launch_tma(xb, wb, static_cast<float*>(y), k, n, pair, stream, pro)
                : launch_tma(xb, wb, static_cast<__nv_bfloat16*>(y), k, n, pair, stream, pro);
 }
