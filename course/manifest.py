@@ -29,6 +29,10 @@ class Stage:
     gpu: bool
     needs: tuple[str, ...]
     min_cc: str | None = None   # the compute capability its kernels need ("8.0"), if above sm_75
+    # Files outside the stage's own folder that its lesson asks the student to read (the
+    # engine around the parts: "solutions/engine/llm_engine.py"): grader/sync.py copies each
+    # into the stage folder, under its path below solutions/ (stages/11_.../engine/...).
+    reading: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -63,11 +67,18 @@ def stages() -> tuple[Stage, ...]:
     with open(MANIFEST, "rb") as f:
         raw = tomllib.load(f)
     out = []
+    answers = tuple(f"solutions/{entry['dir']}/" for entry in raw["stage"])
     for entry in raw["stage"]:
+        for rel in entry.get("reading", ()):
+            if not rel.startswith("solutions/") or rel.startswith(answers) or ".." in rel:
+                raise ValueError(f"stages.toml: stage {entry['id']} lists {rel!r} to read; a file "
+                                 f"to read is one of solutions/ outside the stages' answer "
+                                 f"folders (the engine: solutions/engine/...)")
         out.append(Stage(
             id=entry["id"], dir=entry["dir"], title=entry["title"], status=entry["status"],
             parts=tuple(entry["parts"]), points=int(entry["points"]), gpu=bool(entry["gpu"]),
             needs=tuple(entry["needs"]), min_cc=entry.get("min_cc"),
+            reading=tuple(entry.get("reading", ())),
         ))
     return tuple(out)
 

@@ -77,9 +77,10 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
 
 
 def missing_solutions() -> list[Path]:
-    """Parts the manifest lists whose solution file does not exist."""
-    return [s.solution_dir() / part for s in manifest.stages() for part in s.parts
-            if not (s.solution_dir() / part).exists()]
+    """Parts (and files to read) the manifest lists that do not exist."""
+    listed = [s.solution_dir() / part for s in manifest.stages() for part in s.parts]
+    listed += [manifest.ROOT / rel for s in manifest.stages() for rel in s.reading]
+    return [p for p in listed if not p.exists()]
 
 
 def expected_skeletons() -> dict[Path, str]:
@@ -112,10 +113,23 @@ def given_files(stage: manifest.Stage) -> list[Path]:
             if p.is_file() and p.name not in stage.parts and p.suffix in COMMENT]
 
 
+def reading_files(stage: manifest.Stage) -> dict[Path, Path]:
+    """The files of stages.toml's `reading` (the engine around the parts), each mapped to its
+    copy in the stage folder: solutions/engine/llm.py -> stages/NN_name/engine/llm.py."""
+    solutions = manifest.ROOT / "solutions"
+    return {stage.skeleton_dir() / (manifest.ROOT / rel).relative_to(solutions): manifest.ROOT / rel
+            for rel in stage.reading if (manifest.ROOT / rel).is_file()}
+
+
 def expected_given() -> dict[Path, str]:
     """Every given file that sync would write into stages/, with its text."""
-    return {stage.skeleton_dir() / src.name: given_header(src, COMMENT[src.suffix]) + src.read_text()
-            for stage in manifest.stages() for src in given_files(stage)}
+    copies = {}
+    for stage in manifest.stages():
+        pairs = {stage.skeleton_dir() / src.name: src for src in given_files(stage)}
+        pairs.update(reading_files(stage))
+        for copy, src in pairs.items():
+            copies[copy] = given_header(src, COMMENT[src.suffix]) + src.read_text()
+    return copies
 
 
 def expected_files() -> dict[Path, str]:
@@ -154,7 +168,7 @@ def readme_text() -> str | None:
 
 def main(argv: list[str]) -> int:
     for src in missing_solutions():
-        print(f"missing solution: {src.relative_to(manifest.ROOT)} (listed as a part in stages.toml)")
+        print(f"missing solution: {src.relative_to(manifest.ROOT)} (listed in stages.toml)")
     readme = readme_text()
     if "--check" in argv:
         stale = out_of_sync() + missing_solutions()

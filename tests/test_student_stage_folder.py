@@ -16,7 +16,9 @@ FILE = re.compile(r"`([^`\s]+\.(?:py|cu|cpp|h|cuh))`")
 # Paths that start with one of these are this repository's; others (`csrc/...`,
 # `modeling_llama.py`) are other projects' files, named for further reading.
 REPO_DIRS = ("stages/", "solutions/", "grader/", "course/", "bench/", "tests/", "docs/")
-ANSWERS = tuple(f"solutions/{s.dir}/" for s in manifest.stages())
+# The answer folder, all of it: even the engine around the parts (solutions/engine/) sits
+# beside the answers, so a lesson names the copy that stages.toml's `reading` puts in its folder.
+ANSWERS = ("solutions/",)
 
 
 def lesson_problems(stage: manifest.Stage) -> list[str]:
@@ -62,6 +64,30 @@ def test_given_files_are_in_the_stage_folder_marked_given(stage):
         assert copy.is_file(), f"{copy} is missing: run `nox -s sync-stages`"
         head = copy.read_text().splitlines()[0]
         assert "GIVEN FILE: generated from " + str(src.relative_to(ROOT)) in head
+
+
+@pytest.mark.parametrize("stage", [s for s in READY if s.reading], ids=lambda s: s.dir)
+def test_files_to_read_are_copied_into_the_stage_folder(stage):
+    copies = sync.reading_files(stage)
+    assert len(copies) == len(stage.reading), f"stages.toml lists a missing file: {stage.reading}"
+    for copy, src in copies.items():
+        assert copy.is_file(), f"{copy} is missing: run `nox -s sync-stages`"
+        assert copy.read_text() == sync.given_header(src, "#") + src.read_text(), \
+            f"{copy} is not the marked copy of {src}: run `nox -s sync-stages`"
+
+
+def test_a_file_to_read_from_the_answers_is_refused(tmp_path, monkeypatch):
+    toml = tmp_path / "stages.toml"
+    toml.write_text('[[stage]]\nid = "03"\ndir = "03_embedding"\ntitle = "t"\nstatus = "ready"\n'
+                    'parts = []\npoints = 1\ngpu = false\nneeds = []\n'
+                    'reading = ["solutions/03_embedding/embedding.py"]\n')
+    monkeypatch.setattr(manifest, "MANIFEST", toml)
+    manifest.stages.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="outside the stages' answer folders"):
+            manifest.stages()
+    finally:
+        manifest.stages.cache_clear()
 
 
 def test_given_files_are_never_graded_as_the_students(monkeypatch, tmp_path):

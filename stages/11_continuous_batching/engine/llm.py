@@ -1,0 +1,254 @@
+# GIVEN FILE: generated from solutions/engine/llm.py by `nox -s sync-stages`.
+# Read it; do not edit it. It is not graded (the grader uses the reference
+# copy), and any edit here is overwritten.
+"""The reference engine's front door: a model directory in, text out.
+
+    from solutions.engine.llm import LLM, SamplingParams
+    llm = LLM("path/to/model")                       # config.json, *.safetensors, tokenizer.json
+    print(llm.generate("What is the capital of France?").text)
+    results = llm.generate(["Hi", "Tell me a joke"], SamplingParams(max_tokens=64))  # in order
+    for piece in llm.stream("Tell me a story", max_tokens=100):
+        print(piece, end="", flush=True)
+
+It wires the stages together: config and weights (01), tokenizer, chat template, streaming
+detokenizer and stop conditions (02), the forward pass (08, built from the ops of 03-07), the
+KV cache and decode attention (09), decode CUDA graphs (10), and the scheduler that batches
+requests continuously (11), through the serving loop of llm_engine.py. Each part is loaded
+through the parts resolver, so with TINYVLLM_STUDENT=NN the engine runs a student's stage NN.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from course import parts
+from solutions.engine.llm_engine import LLMEngine
+from solutions.engine.model_runner import EngineConfig
+
+SamplingParams = parts.load("11", "sampling_params").SamplingParams
+
+FINISH_REASONS = ("eos", "stop_string", "max_tokens", "context")
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass
+class GenerationResult:
+    """One finished request.
+
+    finish_reason: "eos" (an end-of-sequence token), "stop_string" (the text reached a stop
+    string, which `text` leaves out), "max_tokens", or "context" (the sequence filled the
+    engine's max_model_len positions).
+    """
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    finish_reason: str
+
+
+class TextStream:
+    """Iterating yields the reply's text pieces as they are decoded; afterwards `result`
+    holds the GenerationResult (its text is the pieces joined)."""
+
+    def __init__(self, pieces: Generator[str, None, GenerationResult]):
+        self._pieces = pieces
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        self.result = yield from self._pieces
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> cuda when a GPU is visible, else cpu; "cuda" without a GPU is an error."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but torch sees no CUDA device "
+                         "(use --device cpu)")
+    return device
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    found = getattr(torch, str(dtype), None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r} (use 'bfloat16' or 'float32')")
+    return found
+
+
+class LLM:
+    """A Llama-family model in Hugging Face layout, ready to generate.
+
+    model_dir: config.json, model.safetensors (or shards + index) and tokenizer.json.
+    device: "auto" (cuda if available, else cpu), "cpu" or "cuda". dtype: None picks bf16 on
+    CUDA (the kernels' dtype) and float32 on CPU (the native twins, exact vs transformers).
+    load_tokenizer=False skips tokenizer.json: the model then takes token-id prompts only
+    (test checkpoints have no tokenizer). config: the engine's sizes (EngineConfig: context
+    length, batch limits, KV-cache memory, CUDA graphs).
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, device: str | torch.device = "auto",
+                 dtype: str | torch.dtype | None = None, load_tokenizer: bool = True,
+                 config: EngineConfig | None = None):
+        self.model_dir = Path(model_dir)
+        if self.model_dir.exists() and not self.model_dir.is_dir():
+            raise NotADirectoryError(f"model directory {self.model_dir} is a file, not a "
+                                     "directory (give the folder that holds config.json)")
+        if not self.model_dir.is_dir():
+            raise FileNotFoundError(f"model directory {self.model_dir} does not exist")
+        self.device = resolve_device(device)
+        dtype = _dtype(dtype)
+        # Cheap checks first: a bad config or tokenizer fails before the weights load.
+        self.config = parts.load("01", "config").load_config(self.model_dir)
+        self.tokenizer = self._load_tokenizer() if load_tokenizer else None
+        weights = parts.load("01", "checkpoint").load_weights(self.model_dir, self.config)
+        self.model = parts.load("08", "model").LlamaModel(self.config, weights, self.device,
+                                                          dtype)
+        del weights
+        self.eos_ids = (self.tokenizer.eos_ids if self.tokenizer is not None
+                        else frozenset(self.config.eos_token_ids))
+        self.engine = LLMEngine(self.model, self.tokenizer, self.eos_ids, config)
+
+    def _load_tokenizer(self):
+        try:
+            return parts.load("02", "tokenizer").load_tokenizer(self.model_dir)
+        except (OSError, ValueError):
+            raise
+        except Exception as e:  # the tokenizers library raises plain Exception on a bad file
+            raise ValueError(f"{self.model_dir / 'tokenizer.json'} could not be read: {e}") \
+                from None
+
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence (prompt + reply) the engine takes."""
+        return self.engine.max_model_len
+
+    def encode_prompt(self, prompt: str | Sequence[int] | Sequence[dict],
+                      raw: bool = False) -> list[int]:
+        """Token ids of a prompt: a string (wrapped in the chat template unless raw), a list
+        of chat messages [{"role": ..., "content": ...}], or token ids (used as they are)."""
+        is_text = isinstance(prompt, str)
+        is_chat = not is_text and len(prompt) > 0 and isinstance(prompt[0], dict)
+        if is_text or is_chat:
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_dir} was loaded without a tokenizer: pass "
+                                 "token ids, not text")
+            if is_text and raw:
+                return self.tokenizer.encode(prompt, add_special_tokens=True)
+            fmt = self.tokenizer.chat_format
+            if fmt is None:
+                raise ValueError(f"the tokenizer in {self.model_dir} has no known chat format "
+                                 "(llama3 or chatml): use a raw prompt (--raw)")
+            messages = [{"role": "user", "content": prompt}] if is_text else list(prompt)
+            text = parts.load("02", "chat_template").apply_chat_template(messages, fmt)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        ids = [int(t) for t in prompt]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                             f"(0..{self.config.vocab_size - 1})")
+        return ids
+
+    def prepare(self, prompt, raw: bool = False) -> list[int]:
+        """A prompt's token ids, checked: ValueError if it is empty or longer than the
+        context."""
+        ids = self.encode_prompt(prompt, raw)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if len(ids) > self.max_positions:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
+                             f"{self.max_positions} positions")
+        return ids
+
+    def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, raw: bool = False, **options):
+        """Generate replies. prompts: one prompt (a string, chat messages, or token ids) or a
+        list of them, run together; returns one GenerationResult or a list, in input order.
+        sampling: one SamplingParams for all, or one per prompt; or pass its fields as keyword
+        arguments (max_tokens=, temperature=, top_k=, top_p=, seed=, stop=, ignore_eos=).
+        raw: no chat template (each string is the whole prompt).
+        Every prompt and parameter is checked before anything runs (ValueError naming it).
+        """
+        single = _is_one_prompt(prompts)
+        batch = [prompts] if single else list(prompts)
+        params = self._params(sampling, options, len(batch))
+        ids = []
+        for i, p in enumerate(batch):
+            try:
+                ids.append(self.prepare(p, raw))
+            except ValueError as e:
+                raise ValueError(str(e) if single else f"prompt {i}: {e}") from None
+        rids: list[int] = []
+        try:
+            for p, sp in zip(ids, params):
+                rids.append(self.engine.add_request(p, sp))
+            outputs = {rid: ([], "", None) for rid in rids}
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    tokens, text, _ = outputs[out.request_id]
+                    outputs[out.request_id] = (tokens + out.new_token_ids, text + out.new_text,
+                                               out.finish_reason)
+        except BaseException:
+            # A step that raised (or Ctrl-C) must not leave these requests queued: every later
+            # generate() would run them again and fail the same way. Finished ones are no-ops.
+            for rid in rids:
+                self.engine.abort(rid)
+            raise
+        results = [GenerationResult(prompt_ids=p, output_ids=outputs[r][0], text=outputs[r][1],
+                                    finish_reason=outputs[r][2]) for p, r in zip(ids, rids)]
+        return results[0] if single else results
+
+    def stream(self, prompt, sampling: SamplingParams | None = None, *, raw: bool = False,
+               **options) -> TextStream:
+        """Like generate() for one prompt, but iterate over the result to get text pieces as
+        they come."""
+        params = self._params(sampling, options, 1)[0]
+        prompt_ids = self.prepare(prompt, raw)
+        rid = self.engine.add_request(prompt_ids, params)
+        return TextStream(self._pieces(rid, prompt_ids))
+
+    def _pieces(self, rid: int, prompt_ids: list[int]) -> Generator[str, None, GenerationResult]:
+        tokens, text, reason = [], "", None
+        try:
+            while reason is None:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    tokens += out.new_token_ids
+                    text += out.new_text
+                    reason = out.finish_reason
+                    if out.new_text:
+                        yield out.new_text
+        finally:
+            if reason is None:       # the caller stopped iterating: free the request's slot
+                self.engine.abort(rid)
+        return GenerationResult(prompt_ids=list(prompt_ids), output_ids=tokens, text=text,
+                                finish_reason=reason)
+
+    @staticmethod
+    def _params(sampling, options: dict, n: int) -> list[SamplingParams]:
+        if sampling is not None and options:
+            raise ValueError("pass either a SamplingParams or its fields as keywords, not both")
+        if sampling is None:
+            return [SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **options})] * n
+        if isinstance(sampling, SamplingParams):
+            return [sampling] * n
+        sampling = list(sampling)
+        if len(sampling) != n:
+            raise ValueError(f"{len(sampling)} sampling parameters for {n} prompts")
+        return sampling
+
+
+def _is_one_prompt(prompts) -> bool:
+    """A string, a list of token ids or a list of chat messages is one prompt; a list of
+    those is many."""
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+        return True
+    return isinstance(prompts[0], (int, dict)) or hasattr(prompts[0], "__index__")
