@@ -61,7 +61,8 @@ class CacheAllocator(Protocol):
 
     def computed(self, seq: Sequence) -> None:
         """A step has run: seq's first num_cached tokens now have their K/V in the cache
-        (stage 13's prefix cache may now offer those blocks to other requests)."""
+        (stage 13's prefix cache may now offer those blocks to other requests). The engine
+        calls it after each step; the scheduler never does."""
 
 
 class SlotAllocator:

@@ -123,7 +123,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
                                             int lane, float (&s)[kNTiles][4]) {
-  // BEGIN SOLUTION: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per 16 keys j one ldmatrix.x4 of K at (base ^ 32 kk) + 16 j rows (two B fragments) and two mma
+  // BEGIN SOLUTION: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per pair of 8-key tiles j, j + 1 (j = 0, 2, 4, ...) one ldmatrix.x4 of K at (base ^ 32 kk) + 8 j rows (B fragments of both tiles) and two mma
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile j); 8-15: keys 0-7, dims 8-15 (its b1);
@@ -212,7 +212,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float sca
 template <int kD>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], const bf16* vs,
                                               int lane, float (&o)[kD / 8][4]) {
-  // BEGIN SOLUTION: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma
+  // BEGIN SOLUTION: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
   // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
   const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;

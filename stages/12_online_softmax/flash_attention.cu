@@ -123,7 +123,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
                                             int lane, float (&s)[kNTiles][4]) {
-  // TODO stage 12: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per 16 keys j one ldmatrix.x4 of K at (base ^ 32 kk) + 16 j rows (two B fragments) and two mma (about 17 lines)
+  // TODO stage 12: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per pair of 8-key tiles j, j + 1 (j = 0, 2, 4, ...) one ldmatrix.x4 of K at (base ^ 32 kk) + 8 j rows (B fragments of both tiles) and two mma (about 17 lines)
 }
 
 // May the query at key position `qpos` see key position `kpos`? Both count from the start of
@@ -159,7 +159,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float sca
 template <int kD>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], const bf16* vs,
                                               int lane, float (&o)[kD / 8][4]) {
-  // TODO stage 12: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma (about 18 lines)
+  // TODO stage 12: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma (about 18 lines)
 }
 
 // kM 128: 2 blocks per SM at d 64 (by registers), 1 at d 128; kM 64: 4 and 2 (by shared memory).

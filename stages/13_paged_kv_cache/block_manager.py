@@ -25,10 +25,11 @@ needed for a fresh block, a later request with the same prefix can still hit it.
 are reused least-recently-freed first (LRU); a sequence frees its blocks last one first, so
 a prefix's later blocks are evicted before its earlier ones (which more requests share).
 
-Blocks are registered (get their hash) only once their K/V are in the cache: at the first
-decode step for a prompt's full blocks, and later whenever a decode step fills a block.
-(A block whose prompt is still being prefilled in chunks must not be hit: its K/V do not
-exist yet.) A hit never covers a prompt's last token: a fully cached prompt still runs its
+Blocks are registered (get their hash) only once their K/V are in the cache: after every
+step (prefill steps too) the engine calls `computed(seq)`, which registers the full blocks
+that seq's cached tokens have filled, so the next step's prefill can already hit them. (A
+block whose prompt is still being prefilled in chunks must not be hit before its chunk has
+run: its K/V do not exist yet.) A hit never covers a prompt's last token: a fully cached prompt still runs its
 last token (the step needs that token's logits), so hits stop at the last full block
 before it, and cached blocks are never written again.
 

@@ -191,7 +191,7 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
 template <int kD>
 __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
                                             int lane, float (&o)[kD / 8][4]) {
-  // TODO stage 14: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims i one ldmatrix.x4.trans at base ^ (16 i) and two mma (about 14 lines)
+  // TODO stage 14: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans at base ^ (16 i) and two mma (about 14 lines)
 }
 
 // Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
