@@ -72,8 +72,12 @@ def _shim_function(stage: str, filename: str, shim: str, name: str, argtypes: li
 
 
 def _ok(error: bytes | None) -> None:
-    if error is not None:
-        pytest.fail(f"the launcher or the emulator said: {error.decode()}", pytrace=False)
+    if error is None:
+        return
+    message = error.decode()
+    if message.startswith("TODO stage"):   # a skeleton's launcher: the grader reads TODO, as on a GPU
+        raise NotImplementedError(message)
+    pytest.fail(f"the launcher or the emulator said: {message}", pytrace=False)
 
 
 def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: int, seed: int):

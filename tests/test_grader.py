@@ -264,7 +264,7 @@ def test_a_stage_name_that_is_not_the_stages_own_is_refused():
 
 
 def test_emulate_runs_the_students_kernel_or_the_reference_on_the_cpu():
-    """`grader emulate NN`: the reference passes, the skeleton fails with its TODO message (the
+    """`grader emulate NN`: the reference passes, the skeleton reads TODO with its message (the
     student's file is the one built), a stage without kernels is a usage error."""
     ref = grader_cli("emulate", "04", "--solution")
     assert ref.returncode == 0, f"the reference RMSNorm in the emulator:\n{ref.stdout}\n{ref.stderr}"
@@ -272,5 +272,7 @@ def test_emulate_runs_the_students_kernel_or_the_reference_on_the_cpu():
     mine = grader_cli("emulate", "04")
     assert mine.returncode == 1 and "TODO stage 04" in mine.stdout, \
         f"the skeleton must fail with its TODO:\n{mine.stdout[-2000:]}"
+    assert "  TODO  TODO stage 04" in mine.stdout and " FAILED " not in mine.stdout, \
+        f"an unwritten launcher reads TODO, as on a GPU, not FAILED:\n{mine.stdout[-2000:]}"
     none = grader_cli("emulate", "02")
     assert none.returncode == 2 and "has no kernel the emulator runs" in none.stderr
