@@ -193,13 +193,31 @@ def problems(doc: dict) -> list[str]:
         return out + ([] if doc.get("reason") else ["an unmeasured document gives no reason"])
     if doc.get("measured") is not True:
         return out + [f"measured is {doc.get('measured')!r}, expected true or false"]
+    # the structure is checked before it is walked: a hand-edited file can hold anything
     env = doc.get("environment") or {}
-    out += [f"environment lacks {k}" for k in ENVIRONMENT_KEYS if k not in env]
-    for name, section in (doc.get("workloads") or {}).items():
+    if isinstance(env, dict):
+        out += [f"environment lacks {k}" for k in ENVIRONMENT_KEYS if k not in env]
+    else:
+        out.append(f"environment is {_kind(env)}, expected an object")
+    workloads = doc.get("workloads") or {}
+    if not isinstance(workloads, dict):
+        out.append(f"workloads is {_kind(workloads)}, expected an object")
+        workloads = {}
+    for name, section in workloads.items():
         if name not in WORKLOADS:
             out.append(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
             continue
-        for row in section.get("rows", [section]):
+        if not isinstance(section, dict):
+            out.append(f"workloads.{name} is {_kind(section)}, expected an object")
+            continue
+        rows = section.get("rows", [section])
+        if not isinstance(rows, list):
+            out.append(f"workloads.{name}.rows is {_kind(rows)}, expected a list")
+            continue
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                out.append(f"workloads.{name}.rows[{i}] is {_kind(row)}, expected an object")
+                continue
             for side in ("ours", "transformers"):
                 if side not in row:
                     out.append(f"workloads.{name}: no {side!r} entry (null when not run)")
@@ -208,9 +226,22 @@ def problems(doc: dict) -> list[str]:
             if "ratio" not in row:
                 out.append(f"workloads.{name}: no 'ratio'")
     kernels = doc.get("kernels")
-    if kernels is not None and not isinstance(kernels.get("rows"), list):
+    if kernels is not None and not isinstance(kernels, dict):
+        out.append(f"kernels is {_kind(kernels)}, expected an object")
+    elif kernels is not None and not isinstance(kernels.get("rows"), list):
         out.append("kernels has no list of rows")
+    elif kernels is not None:
+        out += [f"kernels.rows[{i}] is {_kind(row)}, expected an object"
+                for i, row in enumerate(kernels["rows"]) if not isinstance(row, dict)]
     return out
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in JSON's words, for an error: 'null', 'a string', 'a list'."""
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            list: "a list", dict: "an object"}.get(type(value), f"a {type(value).__name__}")
 
 
 def write(path: str | Path, doc: dict) -> Path:

@@ -15,7 +15,8 @@
     python3 -m grader compile-check      compile every kernel (solutions and skeletons), sm_80+sm_90,
                                          then sm_75 for the stages that claim it
 
-Exit status: 0 full marks, 1 anything less (failed, TODO, or not graded here), 2 bad usage.
+Exit status: 0 full marks, 1 anything less (failed, TODO, or not graded here), 2 bad usage
+or a report (--json, --junit) that could not be written.
 """
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ def grade_main(argv: list[str]) -> int:
                                   args.extra_tests, args.timeout, args.verbose,
                                   listener=report.LivePrinter())
     print("\n".join(report.footer(result)))
-    _write_reports(args, [result])
+    if not _write_reports(args, [result]):
+        return 2
     return 0 if result.full_marks else 1
 
 
@@ -94,11 +96,13 @@ def _student_ids(stage: manifest.Stage, args: argparse.Namespace) -> list[str]:
     return [stage.id]
 
 
-def _write_reports(args: argparse.Namespace, results: list[runner.StageResult]) -> None:
-    if args.json:
-        report.write_json(args.json, [report.as_dict(r) for r in results])
-    if args.junit:
-        report.write_junit(args.junit, [("", r) for r in results])
+def _write_reports(args: argparse.Namespace, results: list[runner.StageResult]) -> bool:
+    """Each report on its own: one that cannot be written (a full disk) is said in one line
+    and does not cost the other. False if any failed."""
+    writers = [(args.json, lambda: report.write_json(args.json,
+                                                     [report.as_dict(r) for r in results])),
+               (args.junit, lambda: report.write_junit(args.junit, [("", r) for r in results]))]
+    return report.write_each([(path, write) for path, write in writers if path])
 
 
 def course_main(args: argparse.Namespace) -> int:
@@ -118,12 +122,12 @@ def course_main(args: argparse.Namespace) -> int:
             print(f"\nNext: stage {stage.id}, {stage.title}. "
                   f"The lesson is stages/{stage.dir}/README.md; "
                   f"grade it alone with `nox -s grade -- {stage.id}`.")
-            _write_reports(args, results)
-            return 1
+            return 1 if _write_reports(args, results) else 2
     print("\n" + report.course_map(results))
     if args.stage == "next":
         print("\nEvery available stage is done on this machine.")
-    _write_reports(args, results)
+    if not _write_reports(args, results):
+        return 2
     return 0 if all(r.full_marks for r in results) else 1
 
 

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from course import manifest, ops, parts
+from grader import report
 
 NO_CUDA = "not measured: no CUDA device"
 BENCH_FILE = Path(__file__).with_name("bench_student.py")
@@ -159,7 +160,8 @@ def render(rows: list[dict], columns: tuple[str, ...]) -> str:
 
 def main(stage: manifest.Stage, student_root: Path | None = None, solution: bool = False,
          json_path: Path | None = None, cuda: bool | None = None) -> int:
-    """Time stage `stage`'s ops; print the table. Always exit 0: a benchmark grades nothing."""
+    """Time stage `stage`'s ops; print the table. Exit 0 (a benchmark grades nothing), or 2
+    when --json cannot be written."""
     fams = families(stage.id)
     if not fams:
         print(f"stage {stage.id} has no kernel benchmark (bench/cases.py times the ops of "
@@ -185,5 +187,7 @@ def main(stage: manifest.Stage, student_root: Path | None = None, solution: bool
           "the op's time\n")
     print(render(rows, columns))
     if json_path:
-        json_path.write_text(json.dumps({"stage": stage.id, "rows": rows}, indent=2))
+        text = json.dumps({"stage": stage.id, "rows": rows}, indent=2)
+        if not report.write_each([(json_path, lambda: report.write_text(json_path, text))]):
+            return 2
     return 0

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import secrets
+import stat
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 from course import manifest
 from grader.pytest_plugin import BUILD_FAILED
@@ -187,7 +191,7 @@ def write_json(path: Path, results: list[dict], always_list: bool = False) -> No
     """The results as JSON: a list, or one result alone as its object (`grader NN --json`);
     always_list: a list even of one (a class report is read as one)."""
     bare = len(results) == 1 and not always_list
-    Path(path).write_text(json.dumps(results[0] if bare else results, indent=2))
+    write_text(path, json.dumps(results[0] if bare else results, indent=2))
 
 
 def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:
@@ -215,12 +219,53 @@ def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:
             elif t.outcome != "passed":
                 ET.SubElement(case, "failure", message=first_line(t.message),
                               type=t.outcome).text = t.message
-    ET.ElementTree(root).write(path, encoding="unicode", xml_declaration=True)
+    write_text(path, ET.tostring(root, encoding="unicode", xml_declaration=True))
 
 
 def write_csv(path: Path, rows: list[dict[str, str]]) -> None:
     fields = list(rows[0]) if rows else ["student"]
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, out.getvalue())
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report whole or not at all: a full disk or a killed run must not leave half a
+    report over the last good one. A regular path gets a temporary file beside it, renamed
+    over it; anything else (/dev/stdout, a pipe, a symlink) is written through as it is.
+    OSError when it cannot be written (the temporary file is removed)."""
+    path = Path(path)
+    try:
+        old = path.lstat()
+    except FileNotFoundError:
+        old = None
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)   # 0o666: the umask applies
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        if old is not None:   # a report rewritten keeps the permissions it was given
+            os.chmod(tmp, stat.S_IMODE(old.st_mode))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_each(writers: list[tuple[Path, Callable[[], None]]]) -> bool:
+    """Run each (path, write) on its own: one that fails prints `error: cannot write PATH:
+    REASON` on stderr and the rest still run. False if any failed."""
+    ok = True
+    for path, write in writers:
+        try:
+            write()
+        except OSError as e:
+            print(f"error: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+            ok = False
+    return ok

@@ -23,6 +23,7 @@ resolver takes given files from solutions/. `--check` reports any generated file
 """
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -34,7 +35,11 @@ BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>#|//)\s*BEGIN SOLUTION(?::\s*(?
 END = re.compile(r"^\s*(#|//)\s*END SOLUTION\s*$")
 
 
-class MarkerError(ValueError):
+class SyncError(ValueError):
+    """A solution file that no skeleton can be generated from ("path:line: what")."""
+
+
+class MarkerError(SyncError):
     """A solution file whose markers do not pair up."""
 
 
@@ -84,13 +89,22 @@ def missing_solutions() -> list[Path]:
 
 
 def expected_skeletons() -> dict[Path, str]:
-    """Every skeleton part file that sync would write, with its text."""
+    """Every skeleton part file that sync would write, with its text. SyncError, naming the
+    file and line, for a solution whose markers do not pair up or whose Python does not parse
+    (its skeleton would hide the mistake behind a TODO)."""
     files: dict[Path, str] = {}
     for stage in manifest.stages():
         for part in stage.parts:
             src = stage.solution_dir() / part
-            if src.exists():
-                files[stage.skeleton_dir() / part] = skeleton_text(src.read_text(), stage.id, part)
+            if not src.exists():
+                continue
+            text, rel = src.read_text(), str(src.relative_to(manifest.ROOT))
+            if src.suffix == ".py":
+                try:
+                    ast.parse(text, filename=rel)
+                except SyntaxError as e:
+                    raise SyncError(f"{rel}:{e.lineno}: {e.msg}") from None
+            files[stage.skeleton_dir() / part] = skeleton_text(text, stage.id, rel)
     return files
 
 
@@ -137,9 +151,10 @@ def expected_files() -> dict[Path, str]:
     return {**expected_skeletons(), **expected_given()}
 
 
-def out_of_sync() -> list[Path]:
-    return [p for p, text in expected_files().items()
-            if not p.exists() or p.read_text() != text]
+def out_of_sync(expected: dict[Path, str] | None = None) -> list[Path]:
+    """The generated files that differ from `expected` (default: expected_files())."""
+    expected = expected_files() if expected is None else expected
+    return [p for p, text in expected.items() if not p.exists() or p.read_text() != text]
 
 
 README = manifest.ROOT / "README.md"
@@ -167,11 +182,23 @@ def readme_text() -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    for src in missing_solutions():
-        print(f"missing solution: {src.relative_to(manifest.ROOT)} (listed in stages.toml)")
+    """Exit status 0 done (or in sync), 1 out of sync (--check), 2 a solution that sync cannot
+    use: listed but missing, unbalanced markers, Python that does not parse. On 2 nothing is
+    written."""
+    missing = missing_solutions()
+    for src in missing:   # sync cannot create it: say what can
+        print(f"error: missing solution: {src.relative_to(manifest.ROOT)} is listed in "
+              "stages.toml: create it, or remove it from stages.toml", file=sys.stderr)
+    if missing:
+        return 2
+    try:
+        expected = expected_files()
+    except SyncError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     readme = readme_text()
     if "--check" in argv:
-        stale = out_of_sync() + missing_solutions()
+        stale = out_of_sync(expected)
         if readme is not None and readme != README.read_text():
             stale.append(README)
         for p in stale:
@@ -182,7 +209,7 @@ def main(argv: list[str]) -> int:
             return 1
         print("every skeleton and given file is in sync with its solution")
         return 0
-    for path, text in expected_files().items():
+    for path, text in expected.items():
         if not path.exists() or path.read_text() != text:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)

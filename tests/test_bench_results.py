@@ -171,6 +171,50 @@ def test_report_says_what_is_wrong_with_a_file(tmp_path, capsys):
     assert "a JSON object, not list" in capsys.readouterr().out
 
 
+def wrong_structure(doc: dict, where: str) -> dict:
+    """doc (a copy) with one piece replaced by a value of the wrong JSON type."""
+    doc = json.loads(json.dumps(doc))
+    if where == "workload":
+        doc["workloads"]["offline"] = "fast"
+    elif where == "rows":
+        doc["workloads"]["sweep"]["rows"] = None
+    elif where == "row":
+        doc["workloads"]["sweep"]["rows"][0] = 7
+    elif where == "workloads":
+        doc["workloads"] = [1]
+    elif where == "kernels":
+        doc["kernels"] = "fast"
+    elif where == "kernel-row":
+        doc["kernels"]["rows"][0] = None
+    elif where == "environment":
+        doc["environment"] = ["H200"]
+    return doc
+
+
+STRUCTURES = {
+    "workload": "workloads.offline is a string, expected an object",
+    "rows": "workloads.sweep.rows is null, expected a list",
+    "row": "workloads.sweep.rows[0] is a number, expected an object",
+    "workloads": "workloads is a list, expected an object",
+    "kernels": "kernels is a string, expected an object",
+    "kernel-row": "kernels.rows[0] is null, expected an object",
+    "environment": "environment is a list, expected an object",
+}
+
+
+@pytest.mark.parametrize("where", list(STRUCTURES))
+def test_a_file_of_the_wrong_structure_is_one_line(tmp_path, capsys, where):
+    """The right schema with a workload that is a string, or "rows": null, crashed the
+    validator (AttributeError, TypeError) in bench.report and bench.plot."""
+    from bench import plot
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(wrong_structure(synthetic_document(), where)))
+    assert report.main([str(path)]) == 2
+    assert capsys.readouterr().out == f"bench.report: {path}: {STRUCTURES[where]}\n"
+    assert plot.main([str(path)]) == 1   # plot's status for a file it cannot read
+    assert capsys.readouterr().out == f"bench.plot: {path}: {STRUCTURES[where]}\n"
+
+
 def test_commit_is_only_read_from_the_checkout_itself(tmp_path):
     """A tree copied into a folder of another git repository (a snapshot on a GPU machine) has
     no commit of its own: it must not be labelled with the outer repository's."""

@@ -111,6 +111,35 @@ def test_malformed_checkpoint(capsys, tmp_path, tiny_dir):
     assert_one_line_error(code, err, "model.safetensors")
 
 
+@pytest.mark.parametrize("weight_map,needle", [
+    ([1, 2], "weight_map is a list"),
+    ({"model.embed_tokens.weight": 5}, "'model.embed_tokens.weight'"),
+    ({"model.embed_tokens.weight": "../../etc/passwd"}, "../../etc/passwd"),
+    ({"model.embed_tokens.weight": "/etc/passwd"}, "/etc/passwd"),
+], ids=["a-list", "a-number", "parent-path", "absolute-path"])
+def test_malformed_index(capsys, tmp_path, tiny_dir, weight_map, needle):
+    """A wrong-typed weight_map was an AttributeError or TypeError traceback; a shard path
+    outside the model directory was opened. One line naming the index and the entry."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "model.safetensors.index.json", needle)
+
+
+@pytest.mark.parametrize("file,content,needle", [
+    ("generation_config.json", {"eos_token_id": "x"}, "generation_config.json: eos_token_id"),
+    ("generation_config.json", {"eos_token_id": [2, None]}, "generation_config.json: eos_token_id"),
+    ("generation_config.json", {"bos_token_id": True}, "generation_config.json: bos_token_id"),
+    ("generation_config.json", [2], "generation_config.json: expected a JSON object"),
+], ids=["eos-string", "eos-list-with-null", "bos-bool", "not-an-object"])
+def test_bad_token_ids(capsys, tmp_path, tiny_dir, file, content, needle):
+    """"eos_token_id": "x" said only "invalid literal for int()", naming neither file nor key."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    (d / file).write_text(json.dumps(content))
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, needle)
+
+
 def test_prompt_longer_than_context(capsys, tmp_path, tiny_dir):
     d = copy_model(tiny_dir, tmp_path / "short", {"max_position_embeddings": 16})
     code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")

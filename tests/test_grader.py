@@ -1,6 +1,7 @@
 """The grader itself: manifest, resolver, skeleton generation, runner outcomes, reports, CLI."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import json
@@ -113,6 +114,66 @@ def test_every_skeleton_is_in_sync():
     assert not stale, f"run `nox -s sync-stages`: {stale}"
 
 
+@pytest.fixture
+def fake_course(monkeypatch, tmp_path):
+    """A course of one stage, 01_fake, under tmp_path: write its solution parts, then sync."""
+    def make(parts: dict[str, str], listed: tuple[str, ...] = ()) -> Path:
+        stage = dataclasses.replace(manifest.find("01"), dir="01_fake",
+                                    parts=tuple(parts) + listed, reading=())
+        monkeypatch.setattr(manifest, "ROOT", tmp_path)
+        monkeypatch.setattr(manifest, "stages", lambda: (stage,))
+        monkeypatch.setattr(sync, "README", tmp_path / "README.md")
+        (tmp_path / "solutions" / "01_fake").mkdir(parents=True)
+        for name, text in parts.items():
+            (tmp_path / "solutions" / "01_fake" / name).write_text(text)
+        return tmp_path / "stages" / "01_fake"
+    return make
+
+
+GOOD_PART = "def f():\n    # BEGIN SOLUTION: one\n    return 1\n    # END SOLUTION\n"
+
+
+def test_sync_writes_then_checks_a_fake_course(fake_course, capsys):
+    """The control for the refusals below: the same fake course, well formed, syncs."""
+    stages = fake_course({"a.py": GOOD_PART})
+    assert sync.main(["--check"]) == 1
+    assert sync.main([]) == 0
+    assert "TODO stage 01: one" in (stages / "a.py").read_text()
+    assert sync.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("text,message", [
+    ("x = 1\n# BEGIN SOLUTION: one\ny = 2\n# BEGIN SOLUTION: two\nz = 3\n# END SOLUTION\n",
+     "solutions/01_fake/b.py:4: BEGIN SOLUTION inside another region (opened at line 2)"),
+    ("x = 1\n# BEGIN SOLUTION: one\ny = 2\n",
+     "solutions/01_fake/b.py:2: BEGIN SOLUTION is never closed"),
+    ("def f(:\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n",
+     "solutions/01_fake/b.py:1: "),
+], ids=["end-deleted", "never-closed", "does-not-parse"])
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["sync", "check"])
+def test_sync_refuses_a_broken_solution_in_one_line(fake_course, capsys, text, message, argv):
+    """Unbalanced markers were a MarkerError traceback; Python that does not parse became a
+    skeleton that hid the mistake behind a TODO. Now: file:line, exit 2, nothing written."""
+    stages = fake_course({"a.py": GOOD_PART, "b.py": text})
+    assert sync.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not stages.exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"]], ids=["sync", "check"])
+def test_sync_says_how_to_fix_a_missing_solution(fake_course, capsys, argv):
+    """A listed part without a solution was 'missing solution' and exit 0, and --check then
+    said to run sync, which cannot create it."""
+    stages = fake_course({"a.py": GOOD_PART}, listed=("gone.py",))
+    assert sync.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err == ("error: missing solution: solutions/01_fake/gone.py is listed in "
+                   "stages.toml: create it, or remove it from stages.toml\n")
+    assert "run `nox -s sync-stages`" not in out
+    assert not stages.exists()
+
+
 SMOKE = textwrap.dedent('''\
     import os, signal, time, pytest
     def test_pass(): pass
@@ -172,6 +233,47 @@ def test_reports_json_junit_csv(tmp_path):
     assert suite.get("failures") == "1" and suite.get("skipped") == "1"
     report.write_csv(tmp_path / "r.csv", [{"student": "alice", "stage_02": "33.3"}])
     assert (tmp_path / "r.csv").read_text().splitlines()[1] == "alice,33.3"
+
+
+DEV_FULL = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+
+
+def test_a_report_is_replaced_whole_or_not_at_all(tmp_path):
+    """Path.write_text truncated the old report first: a failed write left it empty or half."""
+    path = tmp_path / "r.json"
+    path.write_text("the last good report")
+    path.chmod(0o640)
+    with pytest.raises(UnicodeEncodeError):
+        report.write_text(path, "half\ud800")   # fails while writing, as a full disk would
+    assert path.read_text() == "the last good report"
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"], "the temporary file must go"
+    report.write_text(path, "new")
+    assert path.read_text() == "new" and path.stat().st_mode & 0o777 == 0o640
+
+
+@DEV_FULL
+def test_an_unwritable_report_does_not_cost_the_other(tmp_path):
+    """--json /dev/full was an OSError traceback (exit 1) and the JUnit report was never
+    written. Now: one line naming the file, the other report written, exit 2."""
+    junit = tmp_path / "j.xml"
+    proc = grader_cli("02", "--solution", "--json", "/dev/full", "--junit", str(junit))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: cannot write /dev/full: No space left on device"], proc.stderr
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.find("properties/property[@name='score']").get("value") == "100"
+
+
+@DEV_FULL
+def test_class_reports_are_written_each_on_its_own(tmp_path, capsys):
+    from grader.classroom import cli
+    args = argparse.Namespace(csv=Path("/dev/full"), json=tmp_path / "g.json",
+                              junit=tmp_path / "g.xml", similarity=tmp_path / "s.json")
+    assert cli.write_reports(args, [], [], {}) is False
+    assert capsys.readouterr().err == "error: cannot write /dev/full: No space left on device\n"
+    assert json.loads((tmp_path / "g.json").read_text()) == []
+    assert json.loads((tmp_path / "s.json").read_text()) == []
+    assert ET.parse(tmp_path / "g.xml").getroot().tag == "testsuites"
 
 
 def test_grade_cli_skeleton_scores_zero_and_json(tmp_path):

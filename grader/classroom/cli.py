@@ -116,8 +116,9 @@ def main(argv: list[str]) -> int:
                       "graded: stopping. Restore your copy of the course (git status) and "
                       "run again with --resume.", file=sys.stderr)
                 return 3
-    write_reports(args, chosen, students, done)
-    return 0
+    # a report that cannot be written is said, the others are still written, and the results
+    # stay in the progress file for --resume
+    return 0 if write_reports(args, chosen, students, done) else 2
 
 
 def load_progress(path: Path) -> dict[tuple[str, str], dict]:
@@ -160,7 +161,8 @@ def _result(record: dict) -> runner.StageResult:
     return result
 
 
-def write_reports(args, chosen, students, done) -> None:
+def write_reports(args, chosen, students, done) -> bool:
+    """The CSV, JSON, JUnit and similarity reports, each on its own; False if one failed."""
     pairs = []
     for stage in chosen:
         files = {s.name: submission.read_parts(s, stage).files for s in students if not s.invalid}
@@ -179,14 +181,14 @@ def write_reports(args, chosen, students, done) -> None:
             row[f"stage_{stage.id}"] = f"{record['score']:g}"
         row["total"] = f"{sum(float(row[f'stage_{s.id}']) for s in chosen):g}"
         rows.append(row)
-    if args.csv:
-        report.write_csv(args.csv, rows)
-    if args.json:
-        report.write_json(args.json, records, always_list=True)
-    if args.junit:
-        report.write_junit(args.junit, suites)
-    if args.similarity:
-        args.similarity.write_text(json.dumps([p.as_dict() for p in pairs], indent=2))
     for p in pairs:
         print(f"similar: {p.a} stage {p.stage}: {p.share:.0%} of {p.lines} lines also in "
               f"{p.b}'s")
+    writers = [
+        (args.csv, lambda: report.write_csv(args.csv, rows)),
+        (args.json, lambda: report.write_json(args.json, records, always_list=True)),
+        (args.junit, lambda: report.write_junit(args.junit, suites)),
+        (args.similarity, lambda: report.write_text(
+            args.similarity, json.dumps([p.as_dict() for p in pairs], indent=2))),
+    ]
+    return report.write_each([(path, write) for path, write in writers if path])

@@ -51,18 +51,44 @@ def expected_shapes(config) -> dict[str, tuple[int, ...]]:
     raise NotImplementedError("TODO stage 01: build the dict above from config's sizes, one group per layer (about 21 lines)")
 
 
+def read_weight_map(index: Path) -> dict[str, str]:
+    """The "weight_map" of a model.safetensors.index.json: {tensor name: shard file name}.
+
+    CheckpointError naming the index when it is not JSON, has no weight_map, maps to anything
+    but strings, or names a shard that is not a plain file name: a path such as
+    "../../etc/passwd" or "/etc/passwd" would read a file outside the model directory.
+    """
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not an index with a weight_map ({e!r})") from None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: weight_map is a {type(weight_map).__name__}, expected "
+                              "an object of tensor name -> shard file name")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise CheckpointError(f"{index}: weight_map[{name!r}] is "
+                                  f"{type(shard).__name__} {shard!r}, expected a shard file name")
+        # "/" and "\\" on every platform: an index written on one must not escape on another
+        if shard in ("", ".", "..") or any(c in shard for c in "/\\\0"):
+            raise CheckpointError(f"{index}: weight_map[{name!r}] is {shard!r}, expected the "
+                                  "file name of a shard in the model directory")
+    return weight_map
+
+
 def weight_files(model_dir: str | os.PathLike) -> tuple[Path, dict[str, Path]]:
     """(where, {tensor name: file}) for a checkpoint directory; `where` names it in errors.
 
-    - model.safetensors.index.json present: read its "weight_map" (name -> shard file name,
-      relative to model_dir); every shard it names must exist, else CheckpointError naming
-      the index and the shard. `where` is the index.
+    - model.safetensors.index.json present: its "weight_map" (name -> shard file name in
+      model_dir; read it with read_weight_map(index), which refuses a malformed index); every
+      shard it names must exist, else CheckpointError naming the index and the shard.
+      `where` is the index.
     - else model.safetensors: every tensor in it (open it with the reader to list the names:
       _st.SafetensorsFile(path).names()). `where` is that file.
     - neither: CheckpointError naming the directory.
     """
-    # TODO stage 01: the index's weight_map (shards must exist), else the single file (about 18 lines)
-    raise NotImplementedError("TODO stage 01: the index's weight_map (shards must exist), else the single file (about 18 lines)")
+    # TODO stage 01: the index's weight_map (shards must exist), else the single file (about 14 lines)
+    raise NotImplementedError("TODO stage 01: the index's weight_map (shards must exist), else the single file (about 14 lines)")
 
 
 def load_weights(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor]:

@@ -72,9 +72,12 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def _token_text(value) -> str | None:
@@ -84,10 +87,16 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _ids(value) -> set[int]:
+def _ids(config: dict, key: str, path: Path) -> set[int]:
+    """config[key]: absent, null, one token id or a list of them (path names it in errors)."""
+    value = config.get(key)
     if value is None:
         return set()
-    return {int(v) for v in value} if isinstance(value, list) else {int(value)}
+    values = value if isinstance(value, list) else [value]
+    # bool is an int to Python, but true is no token id
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{path}: {key} is {value!r}, expected a token id or a list of them")
+    return set(values)
 
 
 def detect_chat_format(vocab: dict[str, int]) -> str | None:
@@ -109,8 +118,8 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
                                 "tokenizer.json in the model directory")
     tok = HFTokenizer.from_file(str(path))
     tok_cfg = _read_json(model_dir / "tokenizer_config.json")
-    cfg = _read_json(model_dir / "config.json")
-    gen_cfg = _read_json(model_dir / "generation_config.json")
+    cfg_path, gen_path = model_dir / "config.json", model_dir / "generation_config.json"
+    cfg, gen_cfg = _read_json(cfg_path), _read_json(gen_path)
     vocab = tok.get_vocab(with_added_tokens=True)
 
     def token_id(text: str | None) -> int | None:
@@ -118,9 +127,11 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
 
     bos_id = token_id(_token_text(tok_cfg.get("bos_token")))
     if bos_id is None:
-        bos_id = next(iter(_ids(gen_cfg.get("bos_token_id", cfg.get("bos_token_id")))), None)
+        bos = (_ids(gen_cfg, "bos_token_id", gen_path) if "bos_token_id" in gen_cfg
+               else _ids(cfg, "bos_token_id", cfg_path))
+        bos_id = next(iter(bos), None)
     chat_format = detect_chat_format(vocab)
-    eos = _ids(cfg.get("eos_token_id")) | _ids(gen_cfg.get("eos_token_id"))
+    eos = _ids(cfg, "eos_token_id", cfg_path) | _ids(gen_cfg, "eos_token_id", gen_path)
     eos |= {i for i in [token_id(_token_text(tok_cfg.get("eos_token")))] if i is not None}
     eos |= {vocab[t] for t in END_OF_TURN.get(chat_format, ()) if t in vocab}
     if not eos:

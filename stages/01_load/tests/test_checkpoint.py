@@ -196,6 +196,34 @@ def test_index_points_to_the_wrong_shard(saved, tmp_path):
                             hint="the tensor is not in the shard the index names")
 
 
+@pytest.mark.parametrize("weight_map,words", [
+    ([1, 2], ["weight_map", "list"]),
+    ({"model.embed_tokens.weight": 5}, ["model.embed_tokens.weight", "5"]),
+], ids=["a-list", "a-number"])
+def test_index_with_a_malformed_weight_map(saved, tmp_path, weight_map, words):
+    d = copy_case(saved, "llama3_untied_sharded", tmp_path / "ckpt")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    expect_checkpoint_error(d, load_config(d), "model.safetensors.index.json", *words,
+                            hint="read the index with read_weight_map(index)")
+
+
+@pytest.mark.parametrize("escape", ["../outside.safetensors", "absolute"])
+def test_index_naming_a_file_outside_the_directory(saved, tmp_path, escape):
+    """The shard exists, outside the model directory: it must be refused, not read."""
+    d = copy_case(saved, "llama3_untied_sharded", tmp_path / "ckpt")
+    path = d / "model.safetensors.index.json"
+    index = json.loads(path.read_text())
+    name = "model.embed_tokens.weight"
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(d / index["weight_map"][name], outside)
+    entry = str(outside) if escape == "absolute" else escape
+    index["weight_map"][name] = entry
+    path.write_text(json.dumps(index))
+    expect_checkpoint_error(d, load_config(d), "model.safetensors.index.json", entry,
+                            hint="a shard is a file name inside the model directory: read the "
+                                 "index with read_weight_map(index)")
+
+
 def test_not_a_checkpoint_directory(saved, tmp_path):
     d = tmp_path / "nothing_here"
     d.mkdir()
