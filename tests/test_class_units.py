@@ -50,25 +50,88 @@ def _ctx(tmp_path: Path) -> cases.Context:
     return cases.Context(manifest.ROOT, tmp_path / "extra", tmp_path / "subs" / "honest")
 
 
-def test_a_reference_object_crosses_to_the_worker_once():
-    """What a test passes of a reference module (a Tokenizer: 7 MB, 2 s to unpickle) is sent
-    once per worker and reused; changed, it is sent again (named by its bytes)."""
-    from grader.classroom import harness, judge
-    from course import parts
+def _connection():
+    """A judge's connection with no worker process: frames are read by a Worker here."""
+    from grader.classroom import judge
     conn = judge.Connection.__new__(judge.Connection)
-    conn.gen, conn.kept, conn.lent = 1, set(), {}
+    conn.gen, conn.kept, conn.lent, conn.extra_tests = 1, set(), {}, []
+    conn.synced, conn.synced_digest, conn.test_modules = {}, {}, {}
+    return conn
+
+
+def _receive(worker, frame: bytes):
+    """What the worker reads from one judge frame (the request), as its main loop would."""
+    from grader.classroom import harness
+    tag, states, body = pickle.loads(frame)
+    worker.pending.update(states)
+    message = harness._Requests(body, worker).load()
+    for rid in list(worker.pending):
+        worker.replica(rid)
+    return message
+
+
+def test_a_reference_object_crosses_to_the_worker_once():
+    """What a test passes of a reference module that holds more than plain data (a
+    Tokenizer: 7 MB, 2 s to unpickle) is sent once per worker and reused; changed, it is sent
+    again (named by its bytes)."""
+    from grader.classroom import harness
+    from course import parts
+    conn = _connection()
     stop = parts.reference("02", "stopping").StopChecker({2}, ["###"], max_tokens=5)
+    stop.handle = object()              # not plain data: copied, never kept in step
     first, again = (conn._dumps(("call", 0, (stop,), {})) for _ in range(2))
     assert len(again) < len(first) - 40, "the second request carried the object again"
     worker = harness.Worker()
-    a = harness._Requests(first, worker).load()[2][0]
-    b = harness._Requests(again, worker).load()[2][0]
+    a = _receive(worker, first)[2][0]
+    b = _receive(worker, again)[2][0]
     assert a is b and a.check(2, "hi") == "eos"
     stop.max_tokens = 1
-    changed = harness._Requests(conn._dumps(("call", 0, (stop,), {})), worker).load()[2][0]
+    changed = _receive(worker, conn._dumps(("call", 0, (stop,), {})))[2][0]
     assert changed is not a and changed.max_tokens == 1 and a.max_tokens == 5
     conn.kept.clear()                                   # a restarted worker holds nothing
     assert len(conn._dumps(("call", 0, (stop,), {}))) > len(again)
+
+
+def test_an_object_of_plain_data_is_kept_in_step_both_ways():
+    """Stage 11's Sequence given to a student's BlockManager: what the student's code does to
+    it is what the test sees after the call (its lists kept themselves), and what the test
+    changes reaches the worker's copy, which stays one object."""
+    from grader.classroom import harness, judge
+    from course import parts
+    conn, worker = _connection(), harness.Worker()
+    seq = parts.reference("11", "sequence").Sequence(0, [1, 2, 3])
+    table = seq.block_table
+    mine = _receive(worker, conn._dumps(("call", 0, (seq,), {})))[2][0]
+    assert mine is not seq and mine.token_ids == [1, 2, 3]
+    mine.block_table.append(7)                          # the student's code at work
+    mine.num_cached = 3
+    mine.status = type(mine.status).RUNNING
+    reply = pickle.loads(worker.reply(None))
+    assert set(reply["synced"]) == {id(seq), id(seq.params)}, (
+        "the object the call was given goes back, with the kept objects it holds")
+    conn._apply(reply["synced"], reply["classes"], reply["storages"], {})
+    assert seq.block_table == [7] and seq.block_table is table and seq.num_cached == 3
+    assert seq.status is type(seq.status).RUNNING, "an enum member comes back as the judge's own"
+    worker.touched.clear()
+    seq.token_ids.append(9)                              # the test at work
+    again = _receive(worker, conn._dumps(("call", 0, (seq,), {})))[2][0]
+    assert again is mine and mine.token_ids == [1, 2, 3, 9] and mine.block_table == [7]
+    unchanged = conn._dumps(("call", 0, (seq,), {}))
+    assert not pickle.loads(unchanged)[1], "an object the worker already has is not sent again"
+
+
+def test_a_kept_object_cannot_shadow_its_methods():
+    """The student's code may change a kept object's data, not replace what its class defines
+    (the test would then call student code thinking it is the reference's)."""
+    from grader.classroom import harness, protocol
+    from course import parts
+    conn, worker = _connection(), harness.Worker()
+    seq = parts.reference("11", "sequence").Sequence(0, [1, 2, 3])
+    mine = _receive(worker, conn._dumps(("call", 0, (seq,), {})))[2][0]
+    vars(mine)["complete_step"] = 1
+    reply = pickle.loads(worker.reply(None))
+    with pytest.raises(protocol.ProtocolError, match="complete_step"):
+        conn._apply(reply["synced"], reply["classes"], reply["storages"], {})
 
 
 def test_submission_validation(tmp_path):

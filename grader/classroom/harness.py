@@ -15,6 +15,7 @@ says is trusted beyond being the student's answer to the question asked.
 """
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
@@ -30,6 +31,7 @@ MAX_DEPTH = 200
 PLAIN = (type(None), bool, int, float, str, bytes)
 OPERATORS = ("__enter__", "__exit__", "__contains__", "__len__", "__getitem__", "__iter__",
              "__bool__", "__eq__")
+REFERENCE_MODULES = "tinyvllm_solution_"   # course/parts.py's names for the reference modules
 
 
 class _Pid:
@@ -51,6 +53,9 @@ class JudgeObject:
             raise AttributeError(name)
         return lambda *args, **kwargs: self._worker.callback(self._jid, name, args, kwargs)
 
+    def __call__(self, *args, **kwargs):   # a function of the tests (a lambda patched in)
+        return self._worker.callback(self._jid, None, args, kwargs)
+
 
 class Worker:
     def __init__(self) -> None:
@@ -59,6 +64,52 @@ class Worker:
         self.ids: dict[int, int] = {}              # id(obj) -> handle, so a class keeps its handle
         self.kept: dict[str, object] = {}          # reference objects the judge sent once
         self.shared = Path(os.environ.get(SHARED_ENV, "/nonexistent"))
+        # Reference objects kept in step with the judge's (judge.py): by the judge's number,
+        # the number by id() here, states received but not applied yet, and those the
+        # request in progress was given (their attributes go back with the reply).
+        self.replicas: dict[int, object] = {}
+        self.replica_ids: dict[int, int] = {}
+        self.pending: dict[int, bytes] = {}
+        self.loading: set[int] = set()
+        self.touched: set[int] = set()
+
+    # --- frames from the judge ----------------------------------------------------------
+    def receive(self) -> tuple:
+        """The next request (or answer to a callback): its objects kept in step are updated
+        first, in place, from the states the frame carries."""
+        tag, states, body = pickle.loads(protocol.read_frame(self.proto[0]))
+        if tag != "sync":
+            raise ValueError(f"unknown frame {tag!r}")
+        self.pending.update(states)
+        message = _Requests(body, self).load()
+        for rid in list(self.pending):
+            self.replica(rid)
+        return message
+
+    def replica(self, rid: int) -> object:
+        data = self.pending.pop(rid, None)
+        if data is not None:
+            if rid in self.loading:
+                raise ValueError("an object that contains itself cannot be kept in step")
+            self.loading.add(rid)
+            try:
+                new = _Requests(data, self).load()
+            finally:
+                self.loading.discard(rid)
+            if rid in self.replicas:
+                protocol.update_in_place(self.replicas[rid], vars(new))
+            else:
+                self.replicas[rid] = new
+                self.replica_ids[id(new)] = rid
+        self.touched.add(rid)
+        return self.replicas[rid]
+
+    def answer(self, request: tuple) -> None:
+        try:
+            payload = self.reply(self.handle(request))
+        except BaseException as e:   # SystemExit, KeyboardInterrupt, pytest.exit: all answers
+            payload = self.reply(error=e)
+        protocol.write_frame(self.proto[1], payload)
 
     # --- requests -----------------------------------------------------------------------
     def handle(self, request: tuple) -> object:
@@ -98,21 +149,37 @@ class Worker:
             return bool(obj == args[0])
         return getattr(obj, name)(*args)       # __enter__ / __exit__
 
-    def callback(self, jid: int, name: str, args: tuple, kwargs: dict) -> object:
-        ctx: dict = {"storages": {}, "order": {}, "classes": {}}
+    def callback(self, jid: int, name: str | None, args: tuple, kwargs: dict) -> object:
+        """Call a test's object in the judge; while it runs, the judge may ask things of
+        student objects (the test's allocator sets seq.block_table): those are answered here."""
+        ctx = _context()
         value = _dumps(self.encode((args, kwargs), ctx))
         protocol.write_frame(self.proto[1], pickle.dumps(self.envelope(
             ctx, value=value, callback=(jid, name)), protocol=5))
-        status, result = _Requests(protocol.read_frame(self.proto[0]), self).load()
+        while True:
+            message = self.receive()
+            if message[0] == "answer":
+                break
+            self.answer(message)
+        _, status, result = message
         if status != "ok":
-            raise RuntimeError(f"calling {name}() of the test's object failed: {result}")
+            raise RuntimeError(f"calling {name or 'a function'}() of the test's failed: {result}")
         return result
 
-    @staticmethod
-    def envelope(ctx: dict, value: bytes = b"", error=None, callback=None) -> dict:
+    def envelope(self, ctx: dict, value: bytes = b"", error=None, callback=None) -> dict:
+        """A reply, with the attributes of the objects kept in step that the request was
+        given (or that the reply names)."""
+        synced: dict[int, bytes] = {}
+        todo = self.touched | ctx["synced"]
+        while todo:
+            rid = todo.pop()
+            if rid not in synced:
+                ctx["synced"] = set()
+                synced[rid] = _dumps(self.encode(dict(vars(self.replicas[rid])), ctx))
+                todo |= ctx["synced"] - synced.keys()
         return {"value": value, "error": error, "callback": callback,
                 "storages": {ctx["order"][k]: v for k, v in ctx["storages"].items()},
-                "classes": ctx["classes"]}
+                "classes": ctx["classes"], "synced": synced}
 
     # --- replies ------------------------------------------------------------------------
     def handle_of(self, obj: object) -> int:
@@ -129,6 +196,8 @@ class Worker:
         if t in PLAIN:
             return value
         if t in (list, tuple, set, frozenset):
+            if all(type(v) in PLAIN for v in value):   # token ids: the common case, fast
+                return value
             return t(self.encode(v, ctx, depth + 1) for v in value)
         if t is dict:
             return {self.encode(k, ctx, depth + 1): self.encode(v, ctx, depth + 1)
@@ -143,6 +212,11 @@ class Worker:
                 return _Pid(("size", tuple(int(n) for n in value)))
         if isinstance(value, type) and issubclass(value, BaseException):
             return _Pid(("exc_class", self.register_class(value, ctx)))
+        if id(value) in self.replica_ids:
+            ctx["synced"].add(self.replica_ids[id(value)])
+            return _Pid(("synced", self.replica_ids[id(value)]))
+        if isinstance(value, enum.Enum) and t.__module__.startswith(REFERENCE_MODULES):
+            return _Pid(("enum", t.__module__, t.__qualname__, value.name))
         kind = ("module" if t.__name__ == "module" else "class" if isinstance(value, type)
                 else "callable" if callable(value) else "object")
         label = getattr(value, "__qualname__", None) or t.__qualname__
@@ -188,7 +262,7 @@ class Worker:
         return None
 
     def reply(self, value: object = None, error: BaseException | None = None) -> bytes:
-        ctx: dict = {"storages": {}, "order": {}, "classes": {}}
+        ctx = _context()
         try:
             if error is not None:
                 cls = self.register_class(type(error), ctx)
@@ -199,6 +273,12 @@ class Worker:
             return self.reply(error=ValueError(f"could not send the return value back "
                                                f"({type(e).__name__}: {_safe_str(e)})"))
         return pickle.dumps(self.envelope(ctx, value=encoded), protocol=5)
+
+
+def _context() -> dict:
+    """What encoding one message collects: tensor storages, exception classes, and the
+    objects kept in step that it names."""
+    return {"storages": {}, "order": {}, "classes": {}, "synced": set()}
 
 
 def _dumps(tree: object) -> bytes:
@@ -235,6 +315,8 @@ class _Requests(pickle.Unpickler):
     def persistent_load(self, pid):
         if pid[0] == "j":
             return JudgeObject(self.worker, pid[1])
+        if pid[0] == "S":   # kept in step with the judge's object (judge.py's _dumps)
+            return self.worker.replica(pid[1])
         if pid[0] == "K":   # a reference object, sent once (judge.py's _dumps)
             self.worker.kept[pid[1]] = _Requests(pid[2], self.worker).load()
         if pid[0] in ("K", "k"):
@@ -242,10 +324,9 @@ class _Requests(pickle.Unpickler):
         return self.worker.objects[pid[1]]
 
     def find_class(self, module: str, name: str):
-        prefix = "tinyvllm_solution_"
-        if module.startswith(prefix) and module not in sys.modules:
+        if module.startswith(REFERENCE_MODULES) and module not in sys.modules:
             from course import parts
-            stage, _, part = module.removeprefix(prefix).partition("_")
+            stage, _, part = module.removeprefix(REFERENCE_MODULES).partition("_")
             parts.reference(stage, part)
         return super().find_class(module, name)
 
@@ -262,14 +343,17 @@ def main() -> int:
     worker.proto = (proto_in, proto_out)
     while True:
         try:
-            request = _Requests(protocol.read_frame(proto_in), worker).load()
+            request = worker.receive()
         except EOFError:
             return 0
-        try:
-            payload = worker.reply(worker.handle(request))
-        except BaseException as e:   # SystemExit, KeyboardInterrupt, pytest.exit: all answers
-            payload = worker.reply(error=e)
-        protocol.write_frame(proto_out, payload)
+        except Exception as e:   # the grader's fault, not the student's: say so, keep going
+            worker.pending.clear()
+            protocol.write_frame(proto_out, worker.reply(error=RuntimeError(
+                f"the grader could not pass the test's values to the student's code "
+                f"({type(e).__name__}: {_safe_str(e)})")))
+            continue
+        worker.answer(request)
+        worker.touched = set()
 
 
 if __name__ == "__main__":

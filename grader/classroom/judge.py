@@ -9,7 +9,14 @@ results stay in this process, which the student's code cannot reach: it can only
 What comes back is checked (protocol.py): plain data, tensors rebuilt here, handles to
 objects that stay in the worker, and exception classes mirrored here (only ordinary Exception
 subclasses: a student's SystemExit, KeyboardInterrupt or pytest.exit() becomes a plain
-failure). A `with` block on a student object never swallows the judge's exception, == between
+failure). Objects of the course's reference modules that a test passes to student code go by
+value. Those whose attributes are plain data (stage 11's Sequence, given to stage 13's
+BlockManager) are kept in step: the worker keeps one copy of each, updated in place when the
+test changed it, and every reply brings back the attributes of those the call was given, which
+are written into the test's own objects (lists and dicts in place), so the test sees what the
+student's code did to them, as in a local run. The others (a Tokenizer) are copied once.
+Objects of the tests themselves (a test's allocator, a lambda it patches in) are lent: the
+worker, which has no tests, calls them back here. A `with` block on a student object never swallows the judge's exception, == between
 two student objects is the student's answer coerced to a bool, and a worker that dies or hangs
 fails the test in progress and is restarted (a few times) for the next.
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import enum
 import hashlib
 import io
 import json
@@ -28,6 +36,7 @@ import pickle
 import select
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 from course import manifest, parts
@@ -137,6 +146,11 @@ class Connection:
         self.shared = Path(config["shared"]).resolve()
         self.lent: dict[int, object] = {}      # objects of the tests the worker may call back
         self.kept: set[str] = set()            # digests of the reference objects it holds
+        self.synced: dict[int, object] = {}    # reference objects kept in step, by id here
+        self.synced_digest: dict[int, str] = {}   # ... and the version the worker holds
+        self.extra_tests = [Path(h).resolve() for h in config.get("hidden", ())
+                            if Path(h).resolve() != manifest.ROOT]
+        self.test_modules: dict[str, bool] = {}   # module name -> defined by the tests?
 
     # --- the process ----------------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +171,8 @@ class Connection:
         self.gen += 1
         self.mirrors.clear()
         self.kept.clear()
+        self.synced.clear()
+        self.synced_digest.clear()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -203,21 +219,39 @@ class Connection:
             self._call_back(envelope["callback"], value)
 
     def _call_back(self, target, value) -> None:
-        """The student's code calls a public method of an object a test gave it."""
+        """The student's code calls a public method of an object a test gave it (name None:
+        the object itself, a function)."""
         try:
             jid, name = target
             args, kwargs = value
-            if name.startswith("_") or type(args) is not tuple or type(kwargs) is not dict:
+            if (name is not None and (type(name) is not str or name.startswith("_"))) \
+                    or type(args) is not tuple or type(kwargs) is not dict:
                 raise ValueError(f"cannot call {name!r} of the test's object")
-            answer = ("ok", getattr(self.lent[jid], name)(*args, **kwargs))
+            fn = self.lent[jid] if name is None else getattr(self.lent[jid], name)
+            answer = ("answer", "ok", fn(*args, **kwargs))
         except Exception as e:
-            answer = ("error", f"{type(e).__name__}: {e}")
+            answer = ("answer", "error", f"{type(e).__name__}: {e}")
         protocol.write_frame(self.proc.stdin.fileno(), self._dumps(answer))
 
-    def _dumps(self, request: object, top: object = None) -> bytes:
-        """request pickled for the worker. An object of a reference module (a Tokenizer: 7 MB
-        pickled, 2 s to unpickle) goes once per worker; after that the worker uses its copy,
-        named by the digest of its bytes, so a changed object is sent again."""
+    def _dumps(self, payload: object) -> bytes:
+        """A frame for the worker: ("sync", states, payload pickled). states holds, for each
+        object kept in step that the payload reaches and that changed since the worker last
+        had it, its pickled self; the worker updates its copy in place before it reads the
+        payload. An object of a reference module that is not kept in step (a Tokenizer: 7 MB
+        pickled, 2 s to unpickle) goes once per worker, named by the digest of its bytes, so a
+        changed one is sent again."""
+        frame = _Frame()
+        body = self._pickle(payload, frame)
+        while frame.pending:
+            obj = frame.pending.pop()
+            data = self._pickle(obj, frame, top=obj)
+            digest = hashlib.sha256(data).hexdigest()
+            if self.synced_digest.get(id(obj)) != digest:
+                frame.states[id(obj)] = data
+                self.synced_digest[id(obj)] = digest
+        return pickle.dumps(("sync", frame.states, body), protocol=5)
+
+    def _pickle(self, value: object, frame: _Frame, top: object = None) -> bytes:
         conn = self
 
         class P(pickle.Pickler):
@@ -226,29 +260,82 @@ class Connection:
                     if obj._r_conn is not conn or obj._r_gen != conn.gen:
                         raise WorkerFailed("a student object from a dead worker was passed on")
                     return ("h", obj._r_hid)
-                if "<locals>" in type(obj).__qualname__:   # cannot be pickled: lend it
+                if type(obj) in _DATA or obj is top or isinstance(obj, (type, enum.Enum)):
+                    return None
+                if conn._lent(obj):   # the worker cannot rebuild it: lend it
                     conn.lent[id(obj)] = obj
                     return ("j", id(obj))
-                if obj is not top and type(obj).__module__.startswith(REFERENCE_MODULES):
-                    data = conn._dumps(obj, top=obj)
-                    digest = hashlib.sha256(data).hexdigest()
-                    if digest in conn.kept:
-                        return ("k", digest)
-                    conn.kept.add(digest)
-                    return ("K", digest, data)
-                return None
+                if not type(obj).__module__.startswith(REFERENCE_MODULES):
+                    return None
+                if _in_step(obj, []):
+                    conn.synced[id(obj)] = obj
+                    if id(obj) not in frame.seen:
+                        frame.seen.add(id(obj))
+                        frame.pending.append(obj)
+                    return ("S", id(obj))
+                data = conn._pickle(obj, frame, top=obj)
+                digest = hashlib.sha256(data).hexdigest()
+                if digest in conn.kept:
+                    return ("k", digest)
+                conn.kept.add(digest)
+                return ("K", digest, data)
         buf = io.BytesIO()
-        P(buf, protocol=5).dump(request)
+        P(buf, protocol=5).dump(value)
         return buf.getvalue()
+
+    def _lent(self, obj) -> bool:
+        """Whether obj belongs to the tests (a local class or function, or one defined in a
+        test module or the hidden tests): the worker has no tests to rebuild it from."""
+        if isinstance(obj, types.FunctionType):
+            name, module = obj.__qualname__, obj.__module__
+        else:
+            name, module = type(obj).__qualname__, type(obj).__module__
+        if "<locals>" in name or "<lambda>" in name:
+            return True
+        if module not in self.test_modules:
+            file = getattr(sys.modules.get(module), "__file__", None)
+            path = Path(file).resolve() if file else None
+            self.test_modules[module] = path is not None and (
+                "tests" in path.parts or path.name == "conftest.py"
+                or any(path.is_relative_to(d) for d in self.extra_tests))
+        return self.test_modules[module]
+
+    def _apply(self, synced: dict, classes: dict, storages: dict, built: dict) -> None:
+        """Write what the student's code did to objects kept in step into the test's own."""
+        for rid, data in synced.items():
+            obj = self.synced.get(rid) if type(rid) is int else None
+            if obj is None or not isinstance(data, bytes):
+                raise protocol.ProtocolError("the state of an object the test never passed")
+            state = protocol.safe_loads(
+                data, lambda pid: self._object(pid, classes, storages, built))
+            if type(state) is not dict or any(type(k) is not str for k in state):
+                raise protocol.ProtocolError("an object's state that is not a dict of names")
+            for name in state:
+                # what the class defines (a method, a property) is not the student's to replace:
+                # the test would call student code thinking it the reference's
+                defined = getattr(type(obj), name, None)
+                if isinstance(defined, property) or (callable(defined) and name not in vars(obj)):
+                    raise protocol.ProtocolError(f"the student's code set {name!r}, which "
+                                                 f"{type(obj).__name__} defines itself")
+            protocol.update_in_place(obj, state)
+            data = self._pickle(obj, _Frame(), top=obj)
+            self.synced_digest[rid] = hashlib.sha256(data).hexdigest()
 
     # --- replies --------------------------------------------------------------------------
     def _decode(self, envelope):
         if not (isinstance(envelope, dict) and set(envelope) == {"value", "error", "callback",
-                                                                  "storages", "classes"}):
+                                                                  "storages", "classes",
+                                                                  "synced"}):
             raise self._died("sent a reply of the wrong shape")
         classes, storages = envelope["classes"], envelope["storages"]
-        if not (isinstance(classes, dict) and isinstance(storages, dict)):
+        if not (isinstance(classes, dict) and isinstance(storages, dict)
+                and isinstance(envelope["synced"], dict)):
             raise self._died("sent a reply of the wrong shape")
+        built: dict[int, object] = {}
+        try:
+            self._apply(envelope["synced"], classes, storages, built)
+        except protocol.ProtocolError as e:
+            raise self._died(f"sent an invalid reply: {e}") from None
         if envelope["error"] is not None:
             err = envelope["error"]
             if not (isinstance(err, tuple) and len(err) == 3 and isinstance(err[1], str)
@@ -258,9 +345,10 @@ class Connection:
             exc = cls.__new__(cls)
             Exception.__init__(exc, err[1])
             exc._remote_message = err[1]
+            if isinstance(exc, SyntaxError):   # its str() is its msg: "invalid syntax (x.py, line 3)"
+                exc.msg = err[1]
             exc.add_note("raised in the student's code:\n" + err[2])
             raise exc
-        built: dict[int, object] = {}
 
         def persistent(pid):
             return self._object(pid, classes, storages, built)
@@ -280,6 +368,10 @@ class Connection:
             return Remote(self, self.gen, pid[1], pid[2], pid[3][:200])
         if pid[0] == "exc_class" and len(pid) == 2:
             return self._mirror(pid[1], classes, set())
+        if pid[0] == "synced" and len(pid) == 2 and type(pid[1]) is int and pid[1] in self.synced:
+            return self.synced[pid[1]]       # the test's own object, kept in step
+        if pid[0] == "enum" and len(pid) == 4 and all(type(f) is str for f in pid[1:]):
+            return _reference_enum(*pid[1:])
         if pid[0] in ("dtype", "size") and len(pid) == 2:
             import torch
             if pid[0] == "size" and _ints(pid[1]):
@@ -370,6 +462,45 @@ class Connection:
 
 def _ints(values) -> bool:
     return isinstance(values, tuple) and all(type(v) is int for v in values)
+
+
+@dataclasses.dataclass
+class _Frame:
+    """What one frame to the worker collects: the objects kept in step that it reaches."""
+    states: dict = dataclasses.field(default_factory=dict)   # id -> pickled self, if changed
+    pending: list = dataclasses.field(default_factory=list)
+    seen: set = dataclasses.field(default_factory=set)
+
+
+PLAIN = (type(None), bool, int, float, str, bytes)
+_DATA = frozenset((*PLAIN, list, tuple, dict, set, frozenset))   # pickled as they are
+
+
+def _in_step(value, path: list) -> bool:
+    """Whether `value` can be kept in step with a copy in the worker: plain data, containers
+    of it, enum members, and objects of the reference modules whose attributes are such
+    (no cycles: `path` holds the objects being checked)."""
+    t = type(value)
+    if t in PLAIN or isinstance(value, enum.Enum):
+        return True
+    if t in (list, tuple, set, frozenset):
+        return all(_in_step(v, path) for v in value)
+    if t is dict:
+        return all(_in_step(k, path) and _in_step(v, path) for k, v in value.items())
+    if not t.__module__.startswith(REFERENCE_MODULES) or not hasattr(value, "__dict__") \
+            or isinstance(value, (type, types.ModuleType)) or any(value is p for p in path):
+        return False
+    return all(_in_step(v, path + [value]) for v in vars(value).values())
+
+
+def _reference_enum(module: str, qualname: str, name: str):
+    """A member of an enum of a reference module, as loaded here (never imports anything)."""
+    cls = sys.modules.get(module) if module.startswith(REFERENCE_MODULES) else None
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name not in cls.__members__:
+        raise protocol.ProtocolError(f"no enum member {module}.{qualname}.{name}")
+    return cls[name]
 
 
 def _no_pid(pid):

@@ -63,6 +63,25 @@ class SafeUnpickler(pickle.Unpickler):
         return self._persistent(pid)
 
 
+def update_in_place(obj: object, state: dict) -> None:
+    """Make obj's attributes those of `state`, keeping its lists, dicts and sets themselves
+    (a test or a student's structure may hold on to `seq.block_table`). Written to __dict__
+    directly: a frozen dataclass is kept in step too."""
+    current = vars(obj)
+    for name in [n for n in current if n not in state]:
+        del current[name]
+    for name, new in state.items():
+        old = current.get(name)
+        if old is not new and type(old) is type(new) and type(new) in (list, dict, set):
+            if type(new) is list:
+                old[:] = new
+            else:
+                old.clear()
+                old.update(new)
+        else:
+            current[name] = new
+
+
 def safe_loads(data: bytes, persistent) -> object:
     try:
         return SafeUnpickler(data, persistent).load()
