@@ -134,6 +134,21 @@ def test_a_kept_object_cannot_shadow_its_methods():
         conn._apply(reply["synced"], reply["classes"], reply["storages"], {})
 
 
+def test_a_students_syntax_error_keeps_its_message():
+    """A part that does not parse reads 'SyntaxError: invalid syntax (x.py, line 3)' in the
+    reports, not 'SyntaxError: None' (its str() is its msg, which a mirror must carry)."""
+    from grader.classroom import harness
+    conn, worker = _connection(), harness.Worker()
+    conn.mirrors = {}
+    try:
+        compile("def broken(:", "scheduler.py", "exec")
+    except SyntaxError as e:
+        reply = pickle.loads(worker.reply(error=e))
+    with pytest.raises(SyntaxError) as raised:
+        conn._decode(reply)
+    assert str(raised.value).startswith("invalid syntax") and "scheduler.py" in str(raised.value)
+
+
 def test_submission_validation(tmp_path):
     subs, ctx, stage = tmp_path / "subs", _ctx(tmp_path), manifest.find("02")
     cases.honest(subs / "honest", ctx)
