@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from course.testing import fixtures
 from solutions.engine import __main__ as cli
@@ -86,6 +87,9 @@ def test_bad_config(capsys, tmp_path, tiny_dir):
     assert_one_line_error(code, err, "gpt2")
     d = copy_model(tiny_dir, tmp_path / "typed", {"hidden_size": "abc"})
     code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json: hidden_size='abc'")
+    d = copy_model(tiny_dir, tmp_path / "typed_eps", {"rms_norm_eps": "abc"})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
     assert_one_line_error(code, err, "config.json: a value has the wrong type")
 
 
@@ -138,6 +142,35 @@ def test_bad_token_ids(capsys, tmp_path, tiny_dir, file, content, needle):
     (d / file).write_text(json.dumps(content))
     code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
     assert_one_line_error(code, err, needle)
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"hidden_size": 64.5}, "hidden_size=64.5"),
+    ({"num_hidden_layers": True}, "num_hidden_layers=True"),
+    ({"tie_word_embeddings": "no"}, "tie_word_embeddings='no'"),
+], ids=["float-size", "bool-size", "string-bool"])
+def test_config_values_of_the_wrong_kind(capsys, tmp_path, tiny_dir, config, needle):
+    """hidden_size 64.5 was taken as 64 and "tie_word_embeddings": "no" as true: a model that
+    loads and answers noise. One line naming config.json and the value."""
+    d = copy_model(tiny_dir, tmp_path / "m", config)
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json", needle)
+
+
+def test_weights_the_config_does_not_describe(capsys, tmp_path, tiny_dir):
+    """An integer embedding, and a config that counts fewer layers than the file holds, both
+    loaded without a word and answered noise: one line each, naming the file."""
+    from safetensors.torch import load_file, save_file
+    d = copy_model(tiny_dir, tmp_path / "int", None)
+    tensors = load_file(d / "model.safetensors")
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].to(torch.int32)
+    save_file(tensors, d / "model.safetensors")
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "model.embed_tokens.weight", "int32")
+    layers = json.loads((tiny_dir / "config.json").read_text())["num_hidden_layers"]
+    d = copy_model(tiny_dir, tmp_path / "fewer", {"num_hidden_layers": layers - 1})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, f"model.layers.{layers - 1}", f"num_hidden_layers={layers - 1}")
 
 
 def test_prompt_longer_than_context(capsys, tmp_path, tiny_dir):

@@ -75,7 +75,7 @@ def load_tiny(directory: Path, variant: str, **overrides) -> SimpleNamespace:
     from course import parts
     hf = save_tiny_llama(directory, variant, eos_token_id=None, **overrides)
     config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
+    weights = parts.load("01", "checkpoint").load_checked(directory, config)
     return SimpleNamespace(variant=variant, directory=directory, hf=hf, config=config,
                            weights=weights)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -155,3 +156,26 @@ def load_weights(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     return weights
     # END SOLUTION
+
+
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def load_checked(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor]:
+    """load_weights, with what it takes on trust checked around it (the engine loads through
+    this): every tensor floating point (an int32 embedding would load and answer noise), and
+    no layer in the files beyond config.num_hidden_layers (a config that counts fewer layers
+    than the checkpoint has would run a truncated model without a word)."""
+    weights = load_weights(model_dir, config)
+    where, files = weight_files(model_dir)
+    for name, t in weights.items():
+        if t.dtype not in FLOATS:
+            raise CheckpointError(f"{name} in {files.get(name, where)} is "
+                                  f"{str(t.dtype).removeprefix('torch.')}: expected float32, "
+                                  "bfloat16 or float16")
+    layers = {int(m.group(1)) for name in files if (m := LAYER.match(name))}
+    if layers and max(layers) >= config.num_hidden_layers:
+        raise CheckpointError(f"{where} holds layers up to model.layers.{max(layers)}, but the "
+                              f"config says num_hidden_layers={config.num_hidden_layers}")
+    return weights

@@ -105,7 +105,7 @@ class LLM:
         # Cheap checks first: a bad config or tokenizer fails before the weights load.
         self.config = parts.load("01", "config").load_config(self.model_dir)
         self.tokenizer = self._load_tokenizer() if load_tokenizer else None
-        weights = parts.load("01", "checkpoint").load_weights(self.model_dir, self.config)
+        weights = parts.load("01", "checkpoint").load_checked(self.model_dir, self.config)
         self.model = parts.load("08", "model").LlamaModel(self.config, weights, self.device,
                                                           dtype)
         del weights

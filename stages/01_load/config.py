@@ -100,9 +100,14 @@ def checked_parse(raw: dict, where: str) -> ModelConfig:
     """parse_config, with the numbers it takes on trust checked around it: a size of 0 would
     divide by zero in it (or allocate nothing and fail far away), and a NaN rms_norm_eps or a
     negative rope_theta would load fine and make every reply noise."""
-    bad = [f"{k}={raw[k]}" for k in SIZES if raw.get(k) is not None and int(raw[k]) <= 0]
+    # bool is an int to Python, and int(576.5) would quietly be 576
+    bad = [f"{k}={raw[k]!r}" for k in SIZES if raw.get(k) is not None
+           and (type(raw[k]) is not int or raw[k] <= 0)]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)}: sizes must be positive integers")
+    tied = raw.get("tie_word_embeddings")
+    if tied is not None and type(tied) is not bool:   # bool("no") is True
+        raise ConfigError(f"{where}: tie_word_embeddings={tied!r} must be true or false")
     config = parse_config(raw, where)
     if not 0 <= config.rms_norm_eps < math.inf:    # False for NaN
         raise ConfigError(f"{where}: rms_norm_eps={config.rms_norm_eps} must be a finite "
