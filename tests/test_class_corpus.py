@@ -195,13 +195,14 @@ def test_stage_01_through_the_judge(tmp_path):
     assert not any(t["outcome"] == "passed" for t in records["skeleton"]["tests"])
 
 
-@pytest.mark.parametrize("stage_id", ["11", "13"])
-def test_serving_stages_through_the_judge(tmp_path, stage_id):
-    """Stages 11 and 13 hand objects back and forth: the test's allocator, called back by the
-    student's scheduler, sets the student's seq.block_table (11); stage 11's reference
-    Sequences are changed by the student's BlockManager and checked by the test, and a test
-    patches a lambda into the student's module (13). The reference passes every CPU test, as
-    in a local run; the skeleton passes none."""
+@pytest.mark.parametrize("stage_id", ["08", "11", "13"])
+def test_stages_through_the_judge(tmp_path, stage_id):
+    """Stages that hand more than tensors back and forth: the student's model tells the test
+    its torch.device (08); the test's allocator, called back by the student's scheduler, sets
+    the student's seq.block_table (11); stage 11's reference Sequences are changed by the
+    student's BlockManager and checked by the test, and a test patches a lambda into the
+    student's module (13). The reference passes every CPU test, as in a local run; the
+    skeleton passes none."""
     subs = tmp_path / "submissions"
     ctx = cases.Context(manifest.ROOT, tmp_path / "hidden", subs / "honest")
     cases.honest(subs / "honest", ctx, stage_id)
@@ -213,7 +214,7 @@ def test_serving_stages_through_the_judge(tmp_path, stage_id):
     gpu_free = "not_graded" if not _has_cuda() else "passed"
     for t in records["honest"]["tests"]:
         assert t["outcome"] in ("passed", gpu_free), t
-    assert sum(t["outcome"] == "passed" for t in records["honest"]["tests"]) >= 10
+    assert sum(t["outcome"] == "passed" for t in records["honest"]["tests"]) >= 9
     assert not any(t["outcome"] == "passed" for t in records["skeleton"]["tests"])
     assert any(t["outcome"] == "todo" for t in records["skeleton"]["tests"]), \
         "an unwritten part reads TODO through the judge, as in a local run"

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from course import manifest
 from grader.classroom import cli, grade, protocol, sandbox, similarity, submission
@@ -118,6 +119,18 @@ def test_an_object_of_plain_data_is_kept_in_step_both_ways():
     assert again is mine and mine.token_ids == [1, 2, 3, 9] and mine.block_table == [7]
     unchanged = conn._dumps(("call", 0, (seq,), {}))
     assert not pickle.loads(unchanged)[1], "an object the worker already has is not sent again"
+
+
+def test_dtypes_sizes_and_devices_come_back_as_torch_values():
+    """A student's model.device reached the test as a handle, and torch.zeros(..., device=it)
+    failed for every student; a device string that is not one is refused."""
+    from grader.classroom import harness
+    conn, worker = _connection(), harness.Worker()
+    conn.mirrors = {}
+    values = (torch.device("cpu"), torch.bfloat16, torch.Size([2, 3]))
+    assert conn._decode(pickle.loads(worker.reply(values))) == values
+    with pytest.raises(protocol.ProtocolError):
+        conn._object(("device", "cpu; import os"), {}, {}, {})
 
 
 def test_a_kept_object_cannot_shadow_its_methods():

@@ -210,6 +210,8 @@ class Worker:
                 return _Pid(("dtype", str(value).removeprefix("torch.")))
             if t is torch.Size:
                 return _Pid(("size", tuple(int(n) for n in value)))
+            if t is torch.device:   # model.device: the test moves its inputs there
+                return _Pid(("device", str(value)))
         if isinstance(value, type) and issubclass(value, BaseException):
             return _Pid(("exc_class", self.register_class(value, ctx)))
         if id(value) in self.replica_ids:

@@ -33,6 +33,7 @@ import json
 import mmap
 import os
 import pickle
+import re
 import select
 import subprocess
 import sys
@@ -372,10 +373,13 @@ class Connection:
             return self.synced[pid[1]]       # the test's own object, kept in step
         if pid[0] == "enum" and len(pid) == 4 and all(type(f) is str for f in pid[1:]):
             return _reference_enum(*pid[1:])
-        if pid[0] in ("dtype", "size") and len(pid) == 2:
+        if pid[0] in ("dtype", "size", "device") and len(pid) == 2:
             import torch
             if pid[0] == "size" and _ints(pid[1]):
                 return torch.Size(pid[1])
+            if pid[0] == "device" and isinstance(pid[1], str) \
+                    and re.fullmatch(r"(cpu|cuda|meta)(:\d{1,3})?", pid[1]):
+                return torch.device(pid[1])
             dtype = getattr(torch, pid[1], None) if isinstance(pid[1], str) else None
             if isinstance(dtype, torch.dtype):
                 return dtype
