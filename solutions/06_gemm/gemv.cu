@@ -201,7 +201,9 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
   // all of them reach each barrier; a warp past its own units computes nothing.
   const int steps = rows_of(blockIdx.x * kWarps / plan.group, plan.groups, out_features) * plan.per_warp;
   uint4* ring = smem + warp * (kStages * kUnit);
-  // partial[slot][warp][t]: the warps' sums of a shared row, slot = the row's parity
+  // partial[slot][warp][t]: the warps' sums of a shared row; slot = (i / plan.per_warp) % 2,
+  // the parity of the row's count among this warp's rows (not of its index: a group's rows
+  // are `groups` apart, often an even number, so theirs would never alternate)
   float* partial = reinterpret_cast<float*>(smem + kWarps * (kStages * kUnit));
   const uint4* w = reinterpret_cast<const uint4*>(weight);
   const uint4* xp = reinterpret_cast<const uint4*>(x);

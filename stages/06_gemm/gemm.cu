@@ -23,7 +23,8 @@
 
 #include "tvllm.h"
 
-// gemv.cu: y = x @ weight^T for 1-8 bf16 tokens, one warp per output row.
+// gemv.cu: y = x @ weight^T for 1-8 bf16 tokens, a warp (or a group of 2-4 warps, for long
+// rows) per output.
 bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_features,
                const void* x, const void* weight);
 tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
