@@ -163,20 +163,24 @@ class Worker:
             self.answer(message)
         _, status, result = message
         if status != "ok":
-            raise RuntimeError(f"calling {name or 'a function'}() of the test's failed: {result}")
+            what = f"{name}() of the test's object" if name else "the test's function"
+            raise RuntimeError(f"calling {what} failed: {result}")
         return result
 
     def envelope(self, ctx: dict, value: bytes = b"", error=None, callback=None) -> dict:
         """A reply, with the attributes of the objects kept in step that the request was
         given (or that the reply names)."""
         synced: dict[int, bytes] = {}
-        todo = self.touched | ctx["synced"]
+        todo, done = self.touched | ctx["synced"], set()
         while todo:
             rid = todo.pop()
-            if rid not in synced:
-                ctx["synced"] = set()
+            done.add(rid)
+            ctx["synced"] = set()
+            try:
                 synced[rid] = _dumps(self.encode(dict(vars(self.replicas[rid])), ctx))
-                todo |= ctx["synced"] - synced.keys()
+            except Exception:   # nested past MAX_DEPTH, say: the test keeps its own version
+                continue
+            todo |= ctx["synced"] - done
         return {"value": value, "error": error, "callback": callback,
                 "storages": {ctx["order"][k]: v for k, v in ctx["storages"].items()},
                 "classes": ctx["classes"], "synced": synced}
