@@ -34,13 +34,14 @@ def tiny(request, tmp_path_factory):
     return directory, hf, LLM(directory, device="cpu", load_tokenizer=False)
 
 
-def random_prompt(length: int, vocab: int) -> list[int]:
-    return torch.randint(0, vocab, (length,), generator=checks.generator("cpu")).tolist()
+def random_prompt(length: int, vocab: int, seed: int) -> list[int]:
+    """`seed`: the test's (printed), so that TINYVLLM_SEED replays these very prompts."""
+    return torch.randint(0, vocab, (length,), generator=checks.generator("cpu", seed)).tolist()
 
 
 def test_engine_greedy_equals_transformers(tiny, seed):
     _, hf, llm = tiny
-    prompt = random_prompt(9, llm.config.vocab_size)
+    prompt = random_prompt(9, llm.config.vocab_size, seed)
     result = llm.generate(prompt, max_tokens=STEPS)
     theirs, their_logits = equivalence.hf_greedy(hf, prompt, STEPS)
     print(equivalence.assert_greedy_agrees(result.output_ids, theirs, their_logits,
@@ -51,7 +52,7 @@ def test_engine_greedy_equals_transformers(tiny, seed):
 
 def test_engine_logits_equal_transformers(tiny, seed):
     _, hf, llm = tiny
-    prompt = random_prompt(17, llm.config.vocab_size)
+    prompt = random_prompt(17, llm.config.vocab_size, seed)
     logits = equivalence.our_logits(llm.model, [prompt])
     expected = equivalence.hf_forward(hf, prompt)[0][-1:]
     checks.assert_close(logits, expected, what="last-token logits", dtype=torch.float32,
@@ -61,7 +62,7 @@ def test_engine_logits_equal_transformers(tiny, seed):
 def test_engine_stops_at_eos_like_transformers(tiny, seed):
     """config.json's eos_token_id ends generation, and the eos token is part of the output."""
     directory, hf, _ = tiny
-    prompt = random_prompt(6, hf.config.vocab_size)
+    prompt = random_prompt(6, hf.config.vocab_size, seed)
     free, _ = equivalence.hf_greedy(hf, prompt, STEPS)
     eos = free[5]
     config = json.loads((directory / "config.json").read_text())
@@ -82,7 +83,7 @@ def test_sharded_checkpoint(tmp_path, seed):
                                   eos_token_id=None)
     assert (tmp_path / "model.safetensors.index.json").is_file()
     llm = LLM(tmp_path, device="cpu", load_tokenizer=False)
-    prompt = random_prompt(5, llm.config.vocab_size)
+    prompt = random_prompt(5, llm.config.vocab_size, seed)
     theirs, their_logits = equivalence.hf_greedy(hf, prompt, 16)
     equivalence.assert_greedy_agrees(llm.generate(prompt, max_tokens=16).output_ids, theirs,
                                      their_logits, FP32_TOL)

@@ -105,11 +105,10 @@ def test_the_engine_pages_its_cache_when_stage_13_is_ready(tiny):
     from solutions.engine.model_runner import EngineConfig
     engine = LLMEngine(new_model(tiny), None, (), EngineConfig(max_model_len=64))
     runner = engine.runner
-    assert runner.paged == paged().paging_ready()
-    if runner.paged:
-        assert runner.cache.pad_slot == 0 == runner.allocator.pad_block
-        assert runner.decoder.tables.shape[1] == 4, "max_blocks = ceil(64 / 16)"
-        assert "blocks x 16 positions" in runner.describe()
+    assert paged().paging_ready() and runner.paged, "stage 13 is ready: the engine pages"
+    assert runner.cache.pad_slot == 0 == runner.allocator.pad_block
+    assert runner.decoder.tables.shape[1] == 4, "max_blocks = ceil(64 / 16)"
+    assert "blocks x 16 positions" in runner.describe()
     contiguous = LLMEngine(new_model(tiny), None, (), EngineConfig(max_model_len=64, paged=False))
     assert not contiguous.runner.paged and "sequences x 64 positions" in contiguous.runner.describe()
     for e in (engine, contiguous):

@@ -39,15 +39,16 @@ def new_model(tiny, device="cpu"):
     return parts.load("08", "model").LlamaModel(tiny.config, tiny.weights, device, dtype)
 
 
-def random_prompts(lengths, vocab: int) -> list[list[int]]:
-    g = checks.generator("cpu")
+def random_prompts(lengths, vocab: int, seed: int) -> list[list[int]]:
+    """`seed`: the test's (printed), so that TINYVLLM_SEED replays these very prompts."""
+    g = checks.generator("cpu", seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def _decode_setup(tiny, device, n_seqs: int, use_graphs: bool):
+def _decode_setup(tiny, device, n_seqs: int, use_graphs: bool, seed: int):
     """A model with n_seqs prompts prefilled into their slots, and a DecodeGraphs over them."""
     m = new_model(tiny, device)
-    prompts = random_prompts([5 + 3 * i for i in range(n_seqs)], tiny.config.vocab_size)
+    prompts = random_prompts([5 + 3 * i for i in range(n_seqs)], tiny.config.vocab_size, seed)
     cache = kv().KVCache.for_model(m, num_slots=n_seqs, max_len=64)
     m.attention = kv().KVCacheAttention()
     plan = kv().StepPlan.build([kv().SeqStep([i], 0, len(p)) for i, p in enumerate(prompts)], cache)
@@ -61,14 +62,15 @@ def _decode_setup(tiny, device, n_seqs: int, use_graphs: bool):
 def test_decode_run_equals_a_plain_decode_step(tiny, seed):
     """run() pads the batch (3 -> 4) and must give the plain forward's hidden states, write
     the new K/V where the plan says, and leave every other slot alone."""
-    m, cache, prompts, decoder = _decode_setup(tiny, "cpu", 3, use_graphs=False)
+    m, cache, prompts, decoder = _decode_setup(tiny, "cpu", 3, use_graphs=False, seed=seed)
     new_ids = [7, 8, 9]
     plan = kv().StepPlan.build([kv().SeqStep([i], len(p), 1) for i, p in enumerate(prompts)], cache)
-    before = [t.clone() for t in cache.k]
+    tensors = list(cache.k) + list(cache.v)
+    before = [t.clone() for t in tensors]
     got = decoder.run(new_ids, plan).clone()
-    after = [t.clone() for t in cache.k]
-    for layer, t in enumerate(cache.k):   # the same step again, the plain way
-        t.copy_(before[layer])
+    after = [t.clone() for t in tensors]
+    for t, old in zip(tensors, before):   # the same step again, the plain way
+        t.copy_(old)
     positions, meta = plan.metadata(cache, m.device)
     expected = m.forward(torch.tensor(new_ids), positions, meta)
     checks.assert_close(got, expected, what="hidden states of a padded decode step",
@@ -76,13 +78,19 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
                         hint="write ids, positions, slot_mapping and context_lens into the host "
                              "rows (the block tables are written for you) and copy them into "
                              "the fixed buffer; padding rows attend over nothing")
-    for layer in range(len(cache.k)):
-        changed = (after[layer] != before[layer]).any(-1).any(-1).nonzero().tolist()
-        allowed = {(i, len(p)) for i, p in enumerate(prompts)} | {(cache.pad_slot, 0)}
-        assert {tuple(x) for x in changed} <= allowed, (
-            f"layer {layer}: the step wrote cache rows {changed}; only each sequence's new "
-            f"position {sorted(allowed)} (and the pad slot's row 0) may change: padding rows "
+    required = {(i, len(p)) for i, p in enumerate(prompts)}
+    allowed = required | {(cache.pad_slot, 0)}
+    layers = len(cache.k)
+    for j, (old, new) in enumerate(zip(before, after)):
+        which = f"{'k' if j < layers else 'v'} of layer {j % layers}"
+        changed = {tuple(x) for x in (new != old).any(-1).any(-1).nonzero().tolist()}
+        assert changed <= allowed, (
+            f"{which}: the step wrote cache rows {sorted(changed)}; only each sequence's new "
+            f"position {sorted(required)} (and the pad slot's row 0) may change: padding rows "
             "must write to pad_slot")
+        assert required <= changed, (
+            f"{which}: the new token's K/V of {sorted(required - changed)} were not written: "
+            "the step must store them at the plan's slot_mapping")
 
 
 @pytest.mark.points(4)
@@ -90,7 +98,7 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
                          ids=lambda v: "+".join(map(str, v)))
 def test_batch_equals_each_prompt_alone(tiny, seed, lengths):
     """On the CPU in float32, a prompt's tokens must not depend on its batch-mates."""
-    prompts = random_prompts(lengths, tiny.config.vocab_size)
+    prompts = random_prompts(lengths, tiny.config.vocab_size, seed)
     got = batch_mod().generate_batch(new_model(tiny), prompts, 12)
     for i, p in enumerate(prompts):
         alone = kv().generate_greedy(new_model(tiny), p, 12)
@@ -101,7 +109,7 @@ def test_batch_equals_each_prompt_alone(tiny, seed, lengths):
 
 def test_finished_sequences_leave_the_batch(tiny, seed):
     """An eos ends one sequence; the others go on to max_new_tokens."""
-    prompts = random_prompts([6, 6, 10], tiny.config.vocab_size)
+    prompts = random_prompts([6, 6, 10], tiny.config.vocab_size, seed)
     free = batch_mod().generate_batch(new_model(tiny), prompts, 10)
     eos = free[1][2]
     stopped = batch_mod().generate_batch(new_model(tiny), prompts, 10, eos_ids=[eos])
@@ -112,7 +120,7 @@ def test_finished_sequences_leave_the_batch(tiny, seed):
 
 
 def test_batch_matches_transformers(tiny, seed):
-    prompts = random_prompts([3, 17], tiny.config.vocab_size)
+    prompts = random_prompts([3, 17], tiny.config.vocab_size, seed)
     got = batch_mod().generate_batch(new_model(tiny), prompts, 16)
     for i, p in enumerate(prompts):
         theirs, logits = equivalence.hf_greedy(tiny.hf, p, 16)
@@ -124,7 +132,7 @@ def test_batch_matches_transformers(tiny, seed):
 @pytest.mark.points(4)
 def test_graph_replay_equals_eager(tiny, seed):
     """The same decode steps replayed from CUDA graphs and run eagerly."""
-    m, cache, prompts, graphs = _decode_setup(tiny, "cuda", 5, use_graphs=True)
+    m, cache, prompts, graphs = _decode_setup(tiny, "cuda", 5, use_graphs=True, seed=seed)
     assert sorted(graphs.graphs) == graphs.sizes, (
         f"capture one graph per batch size {graphs.sizes}, got {sorted(graphs.graphs)}")
     eager = graphs_mod().DecodeGraphs(m, cache, max_batch=8, use_graphs=False)
@@ -145,7 +153,7 @@ def test_graph_replay_equals_eager(tiny, seed):
 def test_bf16_batch_with_graphs_matches_transformers(tiny, seed):
     from transformers import LlamaForCausalLM
     hf = LlamaForCausalLM.from_pretrained(tiny.directory, dtype=torch.bfloat16).to("cuda").eval()
-    prompts = random_prompts([1, 40, 9, 17, 64], tiny.config.vocab_size)
+    prompts = random_prompts([1, 40, 9, 17, 64], tiny.config.vocab_size, seed)
     got = batch_mod().generate_batch(new_model(tiny, "cuda"), prompts, 24, use_graphs=True)
     for i, p in enumerate(prompts):
         theirs, logits = equivalence.hf_greedy(hf, p, 24)

@@ -104,14 +104,20 @@ def test_soak_many_requests_through_few_slots(tiny):
 
 
 def test_requests_join_while_others_decode(tiny):
+    """b arrives while a is decoding; each gives the tokens it gives alone."""
     engine = new_engine(tiny, max_model_len=64, max_num_seqs=8)
     a = engine.add_request([5, 6, 7, 8], params(max_tokens=10))
+    early = []
     for _ in range(3):
-        engine.step()
+        early += [t for out in engine.step() if out.request_id == a for t in out.new_token_ids]
+    assert 0 < len(early) < 10 and engine.has_unfinished(), (
+        f"after 3 steps a should be decoding, with some of its 10 tokens: got {early}")
     b = engine.add_request([9, 10], params(max_tokens=4))
     got, _ = drive(engine, {})
     solo = solo_oracle(tiny)
-    assert got[b] == solo([9, 10], 4)
+    assert early + got[a] == solo([5, 6, 7, 8], 10), (
+        "a's tokens changed when b joined its batch: b must get its own slot and positions")
+    assert got[b] == solo([9, 10], 4), "b, joining a running batch, must decode as it would alone"
 
 
 def test_abort_frees_the_slot_and_spares_the_others(tiny):
