@@ -68,6 +68,31 @@ def copy_model(src: Path, dst: Path, config: dict | None = None) -> Path:
     return dst
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--max-tokens", "abc"], "invalid int value: 'abc'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+], ids=["not-a-number", "unknown-option", "bad-choice"])
+def test_a_bad_option_is_one_line(capsys, argv, needle):
+    """argparse printed its usage block before the error; every other error is one line."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert_one_line_error(done.value.code, err, needle, "--help")
+
+
+def test_the_python_api_says_what_sampling_must_be(tmp_path, tiny_dir):
+    """A dict or a list of strings for `sampling` was an AttributeError deep in the engine."""
+    from solutions.engine.llm import LLM
+    llm = LLM(tiny_dir, device="cpu", load_tokenizer=False)
+    for wrong, needle in (({"max_tokens": 2}, "got dict"), (["x"], "holds a str")):
+        with pytest.raises(TypeError, match=needle):
+            llm.generate([5, 6], wrong)
+    with pytest.raises(TypeError, match="from_dict"):
+        llm.engine.add_request([5, 6], {"max_tokens": 2})
+    assert not llm.engine.requests, "nothing was queued"
+
+
 def test_missing_model_directory(capsys, tmp_path):
     code, out, err = run_main(capsys, "--model", str(tmp_path / "nope"), "--device", "cpu")
     assert_one_line_error(code, err, "nope", "does not exist")

@@ -17,7 +17,7 @@ import torch
 
 from course.testing import checks, equivalence, fixtures
 from solutions.engine import smollm2
-from solutions.engine.llm import LLM
+from solutions.engine.llm import LLM, SamplingParams
 
 VARIANTS = list(fixtures.VARIANTS)
 FP32_TOL = 1e-4   # relative to the largest |logit|
@@ -162,6 +162,43 @@ def test_smollm2_streaming_and_stop_strings(smol):
     assert stream.result.text == "".join(pieces) == full.text[:cut]
     assert stream.result.finish_reason == "stop_string"
     assert stream.result.output_ids == full.output_ids[:len(stream.result.output_ids)]
+
+
+@pytest.mark.slow
+def test_smollm2_streams_and_generate_overlap(smol):
+    """Two streams read in turn, and a generate() while a stream is open: each step's outputs
+    go to their own request, so each gets the text it gets alone (the stream's and
+    generate()'s calls used to take each other's outputs, and hang or raise KeyError)."""
+    prompts = [FRANCE, "Name a colour.", "Count to three."]
+    alone = [smol.generate(p, max_tokens=8).text for p in prompts]
+    idle = smol.stream(prompts[0], max_tokens=8)
+    assert not smol.engine.requests, "a stream never read queues nothing"
+    s1, s2 = smol.stream(prompts[0], max_tokens=8), smol.stream(prompts[1], max_tokens=8)
+    i1, i2 = iter(s1), iter(s2)
+    got = {1: [next(i1)], 2: [next(i2)]}
+    middle = smol.generate(prompts[2], max_tokens=8)    # while both streams are open
+    for key, it in ((1, i1), (2, i2)):
+        got[key] += list(it)
+    assert ["".join(got[1]), "".join(got[2]), middle.text] == alone
+    assert s1.result.text == alone[0] and s2.result.text == alone[1]
+    del idle
+
+
+@pytest.mark.slow
+def test_smollm2_generate_refuses_requests_added_to_the_engine(smol):
+    """A request added to llm.engine directly would be stepped by generate() and lose its
+    outputs: refused before any step, with what to do; once it is driven to its end,
+    generate() runs."""
+    rid = smol.engine.add_request(smol.prepare("Hi"), SamplingParams(max_tokens=2))
+    with pytest.raises(RuntimeError, match=rf"request\(s\) \[{rid}\] added to it directly"):
+        smol.generate("Hello", max_tokens=2)
+    with pytest.raises(RuntimeError, match="added to it directly"):
+        list(smol.stream("Hello", max_tokens=2))
+    mine = []
+    while smol.engine.has_unfinished():
+        mine += [t for out in smol.engine.step() for t in out.new_token_ids]
+    assert len(mine) == 2, "the engine's own request kept every token"
+    assert smol.generate("Hello", max_tokens=2).finish_reason == "max_tokens"
 
 
 @pytest.mark.slow

@@ -27,9 +27,16 @@ from pathlib import Path
 DEFAULT_PROMPT = "What is the capital of France?"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line, like every other error of this command, and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python3 -m solutions.engine",
-                                description="Generate replies with the tiny-vllm reference engine.")
+    p = _Parser(prog="python3 -m solutions.engine",
+                description="Generate replies with the tiny-vllm reference engine.")
     p.add_argument("prompt", nargs="?", default=None,
                    help=f"the user message (default: {DEFAULT_PROMPT!r})")
     p.add_argument("--prompts", metavar="FILE",

@@ -115,6 +115,10 @@ class LLM:
         self.eos_ids = (self.tokenizer.eos_ids if self.tokenizer is not None
                         else frozenset(self.config.eos_token_ids))
         self.engine = LLMEngine(self.model, self.tokenizer, self.eos_ids, config)
+        # Each request of a generate() or stream() call, with the outputs the engine gave it
+        # and its owner has not collected yet: calls overlap (two streams read in turn, a
+        # generate() while a stream is open), and whichever steps the engine files them here.
+        self._mail: dict[int, list] = {}
 
     def _load_tokenizer(self):
         try:
@@ -184,23 +188,38 @@ class LLM:
             try:
                 ids.append(self.prepare(p, raw))
             except ValueError as e:
-                raise ValueError(str(e) if single else f"prompt {i}: {e}") from None
+                raise ValueError(str(e) if single else f"prompts[{i}]: {e}") from None
         rids: list[int] = []
+        outputs: dict[int, tuple[list[int], str, str | None]] = {}
         try:
+            self._check_no_foreign_requests()
             for p, sp in zip(ids, params):
                 rids.append(self.engine.add_request(p, sp))
+                self._mail[rids[-1]] = []
             outputs = {rid: ([], "", None) for rid in rids}
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
-                    tokens, text, _ = outputs[out.request_id]
-                    outputs[out.request_id] = (tokens + out.new_token_ids, text + out.new_text,
-                                               out.finish_reason)
+            pending = set(rids)
+            while pending:
+                stepped = self._step()
+                for rid in sorted(pending):
+                    for out in self._mail[rid]:
+                        tokens, text, _ = outputs[rid]
+                        outputs[rid] = (tokens + out.new_token_ids, text + out.new_text,
+                                        out.finish_reason)
+                    self._mail[rid].clear()
+                    if outputs[rid][2] is not None:
+                        pending.discard(rid)
+                    elif not stepped:   # aborted through llm.engine meanwhile
+                        outputs[rid] = (*outputs[rid][:2], "abort")
+                        pending.discard(rid)
         except BaseException:
             # A step that raised (or Ctrl-C) must not leave these requests queued: every later
             # generate() would run them again and fail the same way. Finished ones are no-ops.
             for rid in rids:
                 self.engine.abort(rid)
             raise
+        finally:
+            for rid in rids:
+                self._mail.pop(rid, None)
         results = [GenerationResult(prompt_ids=p, output_ids=outputs[r][0], text=outputs[r][1],
                                     finish_reason=outputs[r][2]) for p, r in zip(ids, rids)]
         return results[0] if single else results
@@ -208,19 +227,25 @@ class LLM:
     def stream(self, prompt, sampling: SamplingParams | None = None, *, raw: bool = False,
                **options) -> TextStream:
         """Like generate() for one prompt, but iterate over the result to get text pieces as
-        they come."""
+        they come. The prompt and parameters are checked now; the request is queued when the
+        iteration starts (a stream never read runs nothing), and several streams, or a stream
+        and generate(), may be read in turn: each step's outputs go to their own request."""
         params = self._params(sampling, options, 1)[0]
         prompt_ids = self.prepare(prompt, raw)
-        rid = self.engine.add_request(prompt_ids, params)
-        return TextStream(self._pieces(rid, prompt_ids))
+        return TextStream(self._pieces(prompt_ids, params))
 
-    def _pieces(self, rid: int, prompt_ids: list[int]) -> Generator[str, None, GenerationResult]:
+    def _pieces(self, prompt_ids: list[int],
+                params: SamplingParams) -> Generator[str, None, GenerationResult]:
+        self._check_no_foreign_requests()
+        rid = self.engine.add_request(prompt_ids, params)
+        self._mail[rid] = []
         tokens, text, reason = [], "", None
         try:
             while reason is None:
-                for out in self.engine.step():
-                    if out.request_id != rid:
-                        continue
+                if not self._mail[rid] and not self._step():
+                    reason = "abort"          # aborted through llm.engine meanwhile
+                outputs, self._mail[rid] = self._mail[rid], []
+                for out in outputs:
                     tokens += out.new_token_ids
                     text += out.new_text
                     reason = out.finish_reason
@@ -229,8 +254,33 @@ class LLM:
         finally:
             if reason is None:       # the caller stopped iterating: free the request's slot
                 self.engine.abort(rid)
+            self._mail.pop(rid, None)
         return GenerationResult(prompt_ids=list(prompt_ids), output_ids=tokens, text=text,
                                 finish_reason=reason)
+
+    def _step(self) -> bool:
+        """One engine step, each output filed under its request; False when the engine had
+        nothing left to run. Outputs of a request no call owns any more (one closed while a
+        step ran) are dropped."""
+        self._check_no_foreign_requests()
+        if not self.engine.has_unfinished():
+            return False
+        for out in self.engine.step():
+            box = self._mail.get(out.request_id)
+            if box is not None:
+                box.append(out)
+        return True
+
+    def _check_no_foreign_requests(self) -> None:
+        """generate() and stream() step the whole engine: a request added to llm.engine
+        directly would advance with them and its outputs would be taken. Refused, before any
+        step, so nothing is lost."""
+        foreign = sorted(self.engine.requests.keys() - self._mail.keys())
+        if foreign:
+            raise RuntimeError(
+                f"llm.engine holds request(s) {foreign} added to it directly: drive them with "
+                "llm.engine.step() until they finish (or abort them) before generate() or "
+                "stream(), which step the whole engine and would take their outputs")
 
     @staticmethod
     def _params(sampling, options: dict, n: int) -> list[SamplingParams]:
@@ -240,7 +290,14 @@ class LLM:
             return [SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **options})] * n
         if isinstance(sampling, SamplingParams):
             return [sampling] * n
+        if isinstance(sampling, (str, bytes, dict)) or not isinstance(sampling, Sequence):
+            raise TypeError(f"sampling must be a SamplingParams or a list of them, one per "
+                            f"prompt; got {type(sampling).__name__}")
         sampling = list(sampling)
+        wrong = [type(s).__name__ for s in sampling if not isinstance(s, SamplingParams)]
+        if wrong:
+            raise TypeError(f"sampling must be a SamplingParams or a list of them; the list "
+                            f"holds a {wrong[0]}")
         if len(sampling) != n:
             raise ValueError(f"{len(sampling)} sampling parameters for {n} prompts")
         return sampling

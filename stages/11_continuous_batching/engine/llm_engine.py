@@ -85,7 +85,10 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. ValueError if it can never run."""
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} "
+                            "(SamplingParams.from_dict makes one from a dict)")
         params.validate()
         ids = [int(t) for t in prompt_ids]
         if not ids:
