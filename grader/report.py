@@ -203,7 +203,7 @@ def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:
                               tests=str(len(result.tests)),
                               failures=str(sum(counts.get(k, 0) for k in
                                                ("failed", "todo", "timeout", "crashed",
-                                                "not_run"))),
+                                                "not_run", "missing"))),
                               errors=str(len(result.errors)),
                               skipped=str(counts.get("not_graded", 0) + counts.get("skipped", 0)))
         ET.SubElement(suite, "properties").extend([

@@ -23,6 +23,7 @@ resolver takes given files from solutions/. `--check` reports any generated file
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import sys
@@ -183,8 +184,18 @@ def readme_text() -> str | None:
 
 def main(argv: list[str]) -> int:
     """Exit status 0 done (or in sync), 1 out of sync (--check), 2 a solution that sync cannot
-    use: listed but missing, unbalanced markers, Python that does not parse. On 2 nothing is
-    written."""
+    use: listed but missing, unbalanced markers, Python that does not parse; or a bad
+    argument. On 2 nothing is written."""
+    parser = argparse.ArgumentParser(
+        prog="python3 -m grader.sync",
+        description="Regenerate stages/ (skeletons, given files) and README's stage map from "
+                    "solutions/ and stages.toml.")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 if a generated file is out of sync")
+    try:
+        check = parser.parse_args(argv).check
+    except SystemExit as e:   # --help (0) or a typo (2): never a sync nobody asked for
+        return int(e.code or 0)
     missing = missing_solutions()
     for src in missing:   # sync cannot create it: say what can
         print(f"error: missing solution: {src.relative_to(manifest.ROOT)} is listed in "
@@ -197,7 +208,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     readme = readme_text()
-    if "--check" in argv:
+    if check:
         stale = out_of_sync(expected)
         if readme is not None and readme != README.read_text():
             stale.append(README)

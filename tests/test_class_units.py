@@ -321,3 +321,26 @@ def test_a_class_with_nothing_to_grade_is_an_error(tmp_path, capsys, argv, needl
     err = capsys.readouterr().err
     assert err.startswith("error: ") and needle in err, err
     assert not (tmp_path / "subs-progress.jsonl").exists()
+
+
+def test_a_grade_made_against_changed_tests_is_not_kept(tmp_path, monkeypatch, capsys):
+    """The tests changed while a student was graded (possible without a sandbox): the run
+    stops with status 3 before that grade reaches the progress file, so --resume grades the
+    student again once the course is restored."""
+    from grader import __main__ as grader_cli
+    from grader import runner
+    hidden = tmp_path / "hidden" / "02_tokenize"
+    hidden.mkdir(parents=True)
+    (hidden / "test_hidden.py").write_text("def test_sum():\n    assert 1 + 1 == 2\n")
+    cases.honest(tmp_path / "subs" / "alice", _ctx(tmp_path))
+
+    def spoiling_student(student, stage, *args):
+        (hidden / "test_hidden.py").write_text("def test_sum():\n    pass\n")
+        return runner.StageResult(stage, "x", []), []
+    monkeypatch.setattr(grade, "grade_stage", spoiling_student)
+    progress = tmp_path / "progress.jsonl"
+    assert grader_cli.main(["class", str(tmp_path / "subs"), "--stages", "02", "--extra-tests",
+                            str(tmp_path / "hidden"), "--progress", str(progress)]) == 3
+    assert "changed while alice was graded (stage 02, not kept)" in capsys.readouterr().err
+    assert progress.read_text() == "", "the grade made against changed tests was kept"
+

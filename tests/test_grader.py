@@ -378,3 +378,18 @@ def test_emulate_runs_the_students_kernel_or_the_reference_on_the_cpu():
         f"an unwritten launcher reads TODO, as on a GPU, not FAILED:\n{mine.stdout[-2000:]}"
     none = grader_cli("emulate", "02")
     assert none.returncode == 2 and "has no kernel the emulator runs" in none.stderr
+
+
+@pytest.mark.parametrize("argv,code,needle", [
+    (["--help"], 0, "write nothing"),
+    (["--chek"], 2, "unrecognized arguments: --chek"),
+], ids=["help", "typo"])
+def test_sync_takes_only_its_own_arguments(argv, code, needle, monkeypatch, capsys):
+    """`grader.sync --help` and a mistyped `--check` used to regenerate stages/ and README."""
+    def must_not_run():
+        raise AssertionError("sync generated files for an argument it does not take")
+    monkeypatch.setattr(sync, "expected_files", must_not_run)
+    assert sync.main(argv) == code
+    out, err = capsys.readouterr()
+    assert needle in out + err
+

@@ -104,6 +104,14 @@ def main(argv: list[str]) -> int:
                     continue
                 result, problems = grade.grade_stage(student, stage, cases[stage.id], settings,
                                                      Path(work))
+                # checked before the record is kept: --resume must not keep a grade made
+                # against changed tests
+                if fingerprint(chosen, args.extra_tests) != guarded:
+                    print(f"error: the course's tests or code changed while {student.name} was "
+                          f"graded (stage {stage.id}, not kept): stopping. Restore your copy "
+                          "of the course (git status) and run again with --resume.",
+                          file=sys.stderr)
+                    return 3
                 record = {"student": clean(student.name, 200), **report.as_dict(result),
                           "problems": [clean(p, 500) for p in problems]}
                 append(args.progress, record)
@@ -111,11 +119,6 @@ def main(argv: list[str]) -> int:
                 print(f"{clean(student.name, 200):<24} stage {stage.id}: "
                       f"{result.score:g}/{stage.points}"
                       + (f"   ({'; '.join(problems)[:200]})" if problems else ""), flush=True)
-            if fingerprint(chosen, args.extra_tests) != guarded:
-                print(f"error: the course's tests or code changed while {student.name} was "
-                      "graded: stopping. Restore your copy of the course (git status) and "
-                      "run again with --resume.", file=sys.stderr)
-                return 3
     # a report that cannot be written is said, the others are still written, and the results
     # stay in the progress file for --resume
     return 0 if write_reports(args, chosen, students, done) else 2
