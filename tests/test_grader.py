@@ -224,13 +224,15 @@ def test_reports_json_junit_csv(tmp_path):
     result = runner.StageResult(stage, "x", [
         runner.TestResult("stages/02/tests/test_a.py::test_ok", "passed"),
         runner.TestResult("stages/02/tests/test_a.py::test_todo", "todo", "TODO stage 02: x"),
-        runner.TestResult("stages/02/tests/test_a.py::test_gpu", "not_graded", "no CUDA")])
+        runner.TestResult("stages/02/tests/test_a.py::test_gpu", "not_graded", "no CUDA"),
+        runner.TestResult("stages/02/tests/test_a.py::test_gone", "missing", "no result")])
     report.write_json(tmp_path / "r.json", [report.as_dict(result)])
     data = json.loads((tmp_path / "r.json").read_text())
-    assert data["score"] == pytest.approx(33.3) and data["counts"]["todo"] == 1
+    assert data["score"] == pytest.approx(25) and data["counts"]["todo"] == 1
     report.write_junit(tmp_path / "r.xml", [("alice ", result)])
     suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
-    assert suite.get("failures") == "1" and suite.get("skipped") == "1"
+    assert suite.get("failures") == "2" and suite.get("skipped") == "1", (
+        "TODO and missing (a class test that never reported) are failures")
     report.write_csv(tmp_path / "r.csv", [{"student": "alice", "stage_02": "33.3"}])
     assert (tmp_path / "r.csv").read_text().splitlines()[1] == "alice,33.3"
 
