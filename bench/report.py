@@ -174,9 +174,10 @@ def summary(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     paths = sys.argv[1:] if argv is None else argv
-    if not paths:
-        print("usage: python3 -m bench.report FILE.json [FILE.json ...]")
-        return 2
+    if not paths or paths[0] in ("-h", "--help"):
+        print("usage: python3 -m bench.report FILE.json [FILE.json ...]\n"
+              "prints the tables of benchmark results written by python3 -m bench")
+        return 0 if paths else 2
     for path in paths:
         try:
             doc = results.read(path)

@@ -162,6 +162,8 @@ def test_plot_refuses_what_it_cannot_draw(tmp_path, capsys):
 def test_report_says_what_is_wrong_with_a_file(tmp_path, capsys):
     from bench import report
     (tmp_path / "bad.json").write_text("{bad")
+    assert report.main(["--help"]) == 0, "--help was read as a file name"
+    assert report.main([]) == 2
     assert report.main([str(tmp_path / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().out
     assert report.main([str(tmp_path / "bad.json")]) == 2
