@@ -16,9 +16,10 @@ test changed it, and every reply brings back the attributes of those the call wa
 are written into the test's own objects (lists and dicts in place), so the test sees what the
 student's code did to them, as in a local run. The others (a Tokenizer) are copied once.
 Objects of the tests themselves (a test's allocator, a lambda it patches in) are lent: the
-worker, which has no tests, calls them back here. A `with` block on a student object never swallows the judge's exception, == between
-two student objects is the student's answer coerced to a bool, and a worker that dies or hangs
-fails the test in progress and is restarted (a few times) for the next.
+worker, which has no tests, calls them back here. A `with` block on a student object never
+swallows the judge's exception, == between two student objects is the student's answer
+coerced to a bool, and a worker that dies or hangs fails the test in progress and is
+restarted (a few times) for the next.
 
 Configured by a JSON file named in TINYVLLM_CLASSROOM_JUDGE (written by grade.py).
 """

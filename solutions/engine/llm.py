@@ -187,7 +187,6 @@ class LLM:
             except ValueError as e:
                 raise ValueError(str(e) if single else f"prompts[{i}]: {e}") from None
         rids: list[int] = []
-        outputs: dict[int, tuple[list[int], str, str | None]] = {}
         try:
             self._check_no_foreign_requests()
             for p, sp in zip(ids, params):
