@@ -347,7 +347,7 @@ class Connection:
             exc = cls.__new__(cls)
             Exception.__init__(exc, err[1])
             exc._remote_message = err[1]
-            if isinstance(exc, SyntaxError):   # its str() is its msg: "invalid syntax (x.py, line 3)"
+            if isinstance(exc, SyntaxError):   # its str() is its msg: "invalid syntax (x.py, ...)"
                 exc.msg = err[1]
             exc.add_note("raised in the student's code:\n" + err[2])
             raise exc

@@ -29,9 +29,9 @@ Blocks are registered (get their hash) only once their K/V are in the cache: aft
 step (prefill steps too) the engine calls `computed(seq)`, which registers the full blocks
 that seq's cached tokens have filled, so the next step's prefill can already hit them. (A
 block whose prompt is still being prefilled in chunks must not be hit before its chunk has
-run: its K/V do not exist yet.) A hit never covers a prompt's last token: a fully cached prompt still runs its
-last token (the step needs that token's logits), so hits stop at the last full block
-before it, and cached blocks are never written again.
+run: its K/V do not exist yet.) A hit never covers a prompt's last token: a fully cached
+prompt still runs its last token (the step needs that token's logits), so hits stop at the
+last full block before it, and cached blocks are never written again.
 
 Block 0 is the pad block: never handed out; padding rows of stage 10's CUDA-graph batches
 write their K/V there.
