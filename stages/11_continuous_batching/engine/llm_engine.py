@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/llm_engine.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """The serving loop: requests come in, each step runs the batch, text comes out.
 
     engine = LLMEngine(model, tokenizer, eos_ids, EngineConfig())

@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/model_runner.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """Runs one scheduled step on the model: inputs in, one sampled token per sequence out.
 
     ModelRunner(model, config)     a KV cache sized from memory, the cache attention backend,

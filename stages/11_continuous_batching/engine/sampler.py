@@ -1,6 +1,6 @@
 # GIVEN FILE: generated from solutions/engine/sampler.py by `nox -s sync-stages`.
-# Read it; do not edit it. It is not graded (the grader uses the reference
-# copy), and any edit here is overwritten.
+# Read it; do not edit it. Nothing runs this copy (the engine runs the
+# original), and any edit here is overwritten.
 """Sampling on the device: one token per row of logits, each row with its own parameters.
 
     st = SamplingTensors.from_params(params, steps, device)    # host: once per step
