@@ -113,12 +113,11 @@ def expected_skeletons() -> dict[Path, str]:
 COMMENT = {".py": "#", ".cpp": "//", ".cu": "//", ".h": "//", ".cuh": "//"}
 
 
-def given_header(source: Path, comment: str) -> str:
+def given_header(source: Path, comment: str, reading: bool = False) -> str:
+    """reading: a copy of stages.toml's `reading` (the engine's), not of the stage's own."""
     rel = source.relative_to(manifest.ROOT)
-    why = ("It is not graded (the grader uses the reference\n"
-           f"{comment} copy)" if rel.parts[1] != "engine" else
-           "Nothing runs this copy (the engine runs the\n"
-           f"{comment} original)")
+    why = (f"Nothing runs this copy (the engine runs the\n{comment} original)" if reading
+           else f"It is not graded (the grader uses the reference\n{comment} copy)")
     return (f"{comment} GIVEN FILE: generated from {rel} by `nox -s sync-stages`.\n"
             f"{comment} Read it; do not edit it. {why}, and any edit here is overwritten.\n")
 
@@ -143,10 +142,11 @@ def expected_given() -> dict[Path, str]:
     """Every given file that sync would write into stages/, with its text."""
     copies = {}
     for stage in manifest.stages():
-        pairs = {stage.skeleton_dir() / src.name: src for src in given_files(stage)}
-        pairs.update(reading_files(stage))
-        for copy, src in pairs.items():
-            copies[copy] = given_header(src, COMMENT[src.suffix]) + src.read_text()
+        for src in given_files(stage):
+            copies[stage.skeleton_dir() / src.name] = (given_header(src, COMMENT[src.suffix])
+                                                       + src.read_text())
+        for copy, src in reading_files(stage).items():
+            copies[copy] = given_header(src, COMMENT[src.suffix], reading=True) + src.read_text()
     return copies
 
 

@@ -72,7 +72,7 @@ def test_files_to_read_are_copied_into_the_stage_folder(stage):
     assert len(copies) == len(stage.reading), f"stages.toml lists a missing file: {stage.reading}"
     for copy, src in copies.items():
         assert copy.is_file(), f"{copy} is missing: run `nox -s sync-stages`"
-        assert copy.read_text() == sync.given_header(src, "#") + src.read_text(), \
+        assert copy.read_text() == sync.given_header(src, "#", reading=True) + src.read_text(), \
             f"{copy} is not the marked copy of {src}: run `nox -s sync-stages`"
 
 

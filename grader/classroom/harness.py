@@ -24,14 +24,13 @@ import traceback
 from pathlib import Path
 
 from grader.classroom import protocol
+from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
 
 SHARED_ENV = "TINYVLLM_CLASSROOM_SHARED"
 MAX_ITEMS = 1_000_000
 MAX_DEPTH = 200
-PLAIN = (type(None), bool, int, float, str, bytes)
 OPERATORS = ("__enter__", "__exit__", "__contains__", "__len__", "__getitem__", "__iter__",
              "__bool__", "__eq__")
-REFERENCE_MODULES = "tinyvllm_solution_"   # course/parts.py's names for the reference modules
 
 
 class _Pid:

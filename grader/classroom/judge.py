@@ -43,10 +43,10 @@ from pathlib import Path
 
 from course import manifest, parts
 from grader.classroom import protocol, sandbox
+from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
 from grader.classroom.harness import SHARED_ENV
 
 CONFIG_ENV = "TINYVLLM_CLASSROOM_JUDGE"
-REFERENCE_MODULES = "tinyvllm_solution_"   # course/parts.py's names for the reference modules
 MAX_RESTARTS = 3
 
 
@@ -477,7 +477,6 @@ class _Frame:
     seen: set = dataclasses.field(default_factory=set)
 
 
-PLAIN = (type(None), bool, int, float, str, bytes)
 _DATA = frozenset((*PLAIN, list, tuple, dict, set, frozenset))   # pickled as they are
 
 
