@@ -46,9 +46,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench import results, runs, targets
 from bench import workloads as W
+
+if TYPE_CHECKING:   # torch loads when a run starts; parts.load names a stage folder's types
+    from bench.hf import Transformers
+    from bench.timing import Timer, Timing
+    from course import parts
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 ENGINE_WORKLOADS = ("offline", "batch1", "sweep", "ttft", "prefix")
 ALL = ENGINE_WORKLOADS + ("kernels", "profile")
@@ -207,7 +214,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
     return doc
 
 
-def kernel_table(timer, copy_gbs: float, copy_t, quick: bool) -> dict:
+def kernel_table(timer: Timer, copy_gbs: float, copy_t: Timing, quick: bool) -> dict:
     from bench import kernels
     from bench.cases import FAMILIES, Ops
     log("\nkernel table (bench.kernels):")
@@ -216,7 +223,7 @@ def kernel_table(timer, copy_gbs: float, copy_t, quick: bool) -> dict:
     return kernels.table_dict(rows, fatal, ops, timer, copy_gbs, copy_t, 1234, quick)
 
 
-def profile(model, bandwidth: float) -> dict:
+def profile(model: LlamaModel, bandwidth: float) -> dict:
     from bench.profile import profile_batch
     log("\nprofile of a decode step (bench.profile):")
     out = []
@@ -230,7 +237,7 @@ def profile(model, bandwidth: float) -> dict:
 
 # ----------------------------------------------------------------------------- measuring
 
-def measure_ours(model, work: list[str], plan: Plan, bandwidth: float) -> dict:
+def measure_ours(model: LlamaModel, work: list[str], plan: Plan, bandwidth: float) -> dict:
     """{workload: raw timings} of this engine, a fresh engine per workload."""
     from bench import floor
     from bench.ours import engine_session
@@ -281,8 +288,8 @@ def measure_ours(model, work: list[str], plan: Plan, bandwidth: float) -> dict:
     return m
 
 
-def measure_hf(side, vocab: int, work: list[str], plan: Plan, elapsed: Callable[[], float],
-               budget: float) -> tuple[dict, dict]:
+def measure_hf(side: Transformers, vocab: int, work: list[str], plan: Plan,
+               elapsed: Callable[[], float], budget: float) -> tuple[dict, dict]:
     """({workload: raw timings}, {workload: why skipped}) of transformers, in HF_ORDER."""
     m: dict = {}
     skipped: dict = {}

@@ -31,11 +31,19 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from bench.timing import report_no_cuda
 from grader import arguments
+
+if TYPE_CHECKING:   # transformers loads when a model is made; parts.load names a stage's types
+    from transformers import LlamaForCausalLM, PreTrainedModel
+
+    from course import parts
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 DEVICE = "cuda"     # a module global only so that a CPU dry run of the plumbing can patch it
 PROMPT_TOKENS = 128
@@ -78,7 +86,8 @@ def timed(fn: Callable[[], object], runs: int, warmup: int = 1) -> tuple[float, 
     return statistics.median(times), times
 
 
-def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NEW_TOKENS):
+def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NEW_TOKENS
+                 ) -> tuple[LlamaForCausalLM, LlamaModel, ModuleType]:
     """(transformers model, our LlamaModel) with the same random bf16 weights on DEVICE."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -98,7 +107,7 @@ def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NE
     return hf, ours, model_mod
 
 
-def load_models(model_dir: str, max_positions: int):
+def load_models(model_dir: str, max_positions: int) -> tuple[PreTrainedModel, LlamaModel]:
     """(transformers model, our LlamaModel) of a real checkpoint in HF layout, bf16 on DEVICE."""
     from transformers import AutoModelForCausalLM
 

@@ -7,8 +7,14 @@ at 4.28 TB/s about 0.58 ms per step at batch 1.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def weight_bytes(model) -> int:
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    from course import parts
+    LlamaModel = parts.load("08", "model").LlamaModel
+
+
+def weight_bytes(model: LlamaModel) -> int:
     """Bytes of the stage-08 LlamaModel's weights (each tensor once, however it is used)."""
     tensors = [model.embed_tokens, model.final_norm, model.lm_head]
     tensors += [w for layer in model.layers for w in vars(layer).values()
@@ -21,7 +27,7 @@ def weight_bytes(model) -> int:
     return total
 
 
-def kv_bytes_per_token(model) -> int:
+def kv_bytes_per_token(model: LlamaModel) -> int:
     """K and V bytes of one cached token over all layers."""
     from course import parts
     return parts.load("09", "kv_cache").KVCache.bytes_per_token(model.config, model.dtype)

@@ -29,12 +29,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from bench.engine import sync
 from bench.ours import Serve
 from bench.workloads import Request, capped, output_tokens
+
+if TYPE_CHECKING:   # transformers loads when a model is made
+    from transformers import PreTrainedModel
 
 CACHES = ("static", "dynamic")
 # A static shape's warm-up: enough decode steps for torch's CUDA-graph trees to run eagerly
@@ -84,8 +88,8 @@ def padded_batch(requests: list[Request], device: str) -> tuple[torch.Tensor, to
 class Transformers:
     """generate() on one transformers model; cache "static" (compiled) or "dynamic"."""
 
-    def __init__(self, model, cache: str = "static", compile_limit_s: float = 240.0,
-                 log: Callable[[str], None] = print):
+    def __init__(self, model: PreTrainedModel, cache: str = "static",
+                 compile_limit_s: float = 240.0, log: Callable[[str], None] = print):
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         self.model, self.cache, self.log = model, cache, log

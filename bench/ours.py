@@ -15,6 +15,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,10 +23,16 @@ from bench import workloads
 from bench.engine import sync
 from bench.workloads import Request
 
+if TYPE_CHECKING:   # the engine loads when used; parts.load names a stage folder's types
+    from course import parts
+    from solutions.engine.llm_engine import LLMEngine, SamplingParams
+    LlamaModel = parts.load("08", "model").LlamaModel
+
 Serve = Callable[[list[Request]], tuple[float, int]]   # requests -> (seconds, output tokens)
 
 
-def new_engine(model, max_model_len: int, prefix_caching: bool = True):
+def new_engine(model: LlamaModel, max_model_len: int, prefix_caching: bool = True
+               ) -> tuple[LLMEngine, type[SamplingParams]]:
     """(LLMEngine over model with these sizes, stage 11's SamplingParams class)."""
     from course import parts
     from solutions.engine.llm_engine import LLMEngine
@@ -41,12 +48,13 @@ def release() -> None:
     torch.cuda.empty_cache()
 
 
-def run_ours(engine, SamplingParams, requests: list[Request]) -> tuple[float, int]:
+def run_ours(engine: LLMEngine, params_type: type[SamplingParams],
+             requests: list[Request]) -> tuple[float, int]:
     """(seconds, output tokens) to serve every request, all added at once, EOS ignored."""
     sync()
     t0 = time.perf_counter()
     for prompt, n in requests:
-        engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+        engine.add_request(prompt, params_type(max_tokens=n, ignore_eos=True))
     tokens = 0
     while engine.has_unfinished():
         tokens += sum(len(o.new_token_ids) for o in engine.step())
@@ -55,22 +63,22 @@ def run_ours(engine, SamplingParams, requests: list[Request]) -> tuple[float, in
 
 
 @contextmanager
-def engine_session(model, max_model_len: int, prefix_caching: bool = False,
+def engine_session(model: LlamaModel, max_model_len: int, prefix_caching: bool = False,
                    describe: Callable[[str], None] | None = None) -> Iterator[Serve]:
     """A warmed-up engine for one workload; yields serve(requests) -> (seconds, tokens).
 
     prefix_caching is off unless asked for: the timing workloads repeat prompts (a first-token
     run, then the full run), and a cache hit would make the second run skip its prefill."""
     t0 = time.perf_counter()
-    engine, SamplingParams = new_engine(model, max_model_len, prefix_caching)
+    engine, params_type = new_engine(model, max_model_len, prefix_caching)
     if describe is not None:
         describe(f"engine ready in {time.perf_counter() - t0:.1f} s: {engine.runner.describe()}")
     vocab = model.config.vocab_size
     # Warm-up on prompts nothing measured shares (seed 99): prefill and decode at a few sizes.
     warm = [(p[: max_model_len // 2], min(n, max_model_len // 2))
             for p, n in workloads.offline(8, vocab, seed=99)]
-    run_ours(engine, SamplingParams, warm)
-    serve = functools.partial(run_ours, engine, SamplingParams)
+    run_ours(engine, params_type, warm)
+    serve = functools.partial(run_ours, engine, params_type)
     try:
         yield serve
     finally:

@@ -32,7 +32,9 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -42,8 +44,13 @@ from bench.engine import SHAPES, build_models
 from bench.timing import Timer, copy_bandwidth, report_no_cuda
 from grader import arguments
 
+if TYPE_CHECKING:   # the engine loads when used; parts.load names a stage folder's types
+    from course import parts
+    from solutions.engine.llm_engine import LLMEngine
+    LlamaModel = parts.load("08", "model").LlamaModel
 
-def gpu_kernels(fn) -> list:
+
+def gpu_kernels(fn: Callable[[], object]) -> list:
     """The GPU kernel events (torch.profiler's) of one call of fn(), after a warm-up call."""
     from torch.profiler import ProfilerActivity, profile
     fn()
@@ -59,7 +66,7 @@ def largest_first(rows: dict[str, tuple[float, int]], top: int) -> list[tuple[st
     return sorted(((k, us, n) for k, (us, n) in rows.items()), key=lambda r: -r[1])[:top]
 
 
-def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
+def kernel_table(step: Callable[[], object], top: int = 12) -> list[tuple[str, float, int]]:
     """(kernel name, GPU microseconds, launches) of one call of step(), largest first."""
     rows: dict[str, tuple[float, int]] = {}
     for e in gpu_kernels(step):
@@ -69,7 +76,7 @@ def kernel_table(step, top: int = 12) -> list[tuple[str, float, int]]:
     return largest_first(rows, top)
 
 
-def replay_spans(replay) -> list[tuple[str, float, float]]:
+def replay_spans(replay: Callable[[], object]) -> list[tuple[str, float, float]]:
     """(kernel name, start us, end us) of every GPU kernel of one call of replay()."""
     return [(e.name[:70], e.time_range.start, e.time_range.end) for e in gpu_kernels(replay)]
 
@@ -101,7 +108,7 @@ def chain_table(spans: list[tuple[str, float, float]], layers: int,
     return largest_first(rows, top)
 
 
-def host_breakdown(engine, steps: int) -> dict[str, float]:
+def host_breakdown(engine: LLMEngine, steps: int) -> dict[str, float]:
     """Run `steps` engine steps; microseconds per step: "step" (wall time), and of it "launch"
     (runner.launch: inputs, graph replay, logits and sampling queued), "schedule", "collect"
     (tokens into requests: detokenizing, stop checks) and "wait_and_rest" (the remainder:
@@ -136,7 +143,7 @@ def host_breakdown(engine, steps: int) -> dict[str, float]:
     return out
 
 
-def profile_batch(model, batch: int, context: int, bandwidth: float) -> dict:
+def profile_batch(model: LlamaModel, batch: int, context: int, bandwidth: float) -> dict:
     from course import parts
     from solutions.engine.llm_engine import LLMEngine
     from solutions.engine.model_runner import EngineConfig

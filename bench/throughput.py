@@ -28,6 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from bench.ours import new_engine, release, run_ours
 from bench.timing import report_no_cuda
 from grader import arguments
 
+if TYPE_CHECKING:   # transformers loads when a model is made
+    from transformers import PreTrainedModel
+
 NUM_REQUESTS = workloads.OFFLINE_REQUESTS
 LENGTHS = workloads.OFFLINE_LENGTHS
 BATCH1_PROMPT, BATCH1_NEW = workloads.BATCH1_PROMPT, workloads.BATCH1_NEW
@@ -44,7 +48,7 @@ workload = workloads.offline
 shared_prefix_workload = workloads.shared_prefix
 
 
-def run_hf(hf, requests) -> tuple[float, int]:
+def run_hf(hf: PreTrainedModel, requests: list[workloads.Request]) -> tuple[float, int]:
     """transformers generate() on all requests in one left-padded batch (dynamic cache)."""
     from bench.hf import Transformers
     return Transformers(hf, cache="dynamic", log=lambda _: None).serve(requests, max_len=0)
@@ -70,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
               "transformers": transformers.__version__, "requests": n}
 
     t = time.perf_counter()
-    engine, SamplingParams = new_engine(model, max_model_len=2 * LENGTHS[1])
+    engine, params_type = new_engine(model, max_model_len=2 * LENGTHS[1])
     print(f"engine ready in {time.perf_counter() - t:.1f} s: {engine.runner.describe()}",
           flush=True)
     warmup = workload(8, shape["vocab_size"], seed=99)
-    run_ours(engine, SamplingParams, warmup)
-    seconds, tokens = run_ours(engine, SamplingParams, requests)
+    run_ours(engine, params_type, warmup)
+    seconds, tokens = run_ours(engine, params_type, requests)
     result["ours_tok_s"] = tokens / seconds
     print(f"ours: {n} requests, {tokens} output tokens in {seconds:.2f} s = "
           f"{tokens / seconds:,.0f} tok/s", flush=True)
@@ -83,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     prompt = requests[0][0][:BATCH1_PROMPT]
     times = []
     for _ in range(3):
-        t1, _ = run_ours(engine, SamplingParams, [(prompt, 1)])
-        tn, _ = run_ours(engine, SamplingParams, [(prompt, BATCH1_NEW)])
+        t1, _ = run_ours(engine, params_type, [(prompt, 1)])
+        tn, _ = run_ours(engine, params_type, [(prompt, BATCH1_NEW)])
         times.append((tn - t1) / (BATCH1_NEW - 1))
     result["ours_batch1_ms"] = sorted(times)[1] * 1e3
     print(f"ours: batch-1 decode {result['ours_batch1_ms']:.3f} ms per token (median of 3)",
@@ -94,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     release()
     shared = shared_prefix_workload(n, shape["vocab_size"])
     for caching in (True, False):
-        engine, SamplingParams = new_engine(model, 2 * LENGTHS[1], prefix_caching=caching)
-        run_ours(engine, SamplingParams, warmup)
-        seconds, tokens = run_ours(engine, SamplingParams, shared)
+        engine, params_type = new_engine(model, 2 * LENGTHS[1], prefix_caching=caching)
+        run_ours(engine, params_type, warmup)
+        seconds, tokens = run_ours(engine, params_type, shared)
         result[f"shared_prefix_caching_{'on' if caching else 'off'}_tok_s"] = tokens / seconds
         print(f"ours, shared 1,000-token prefix, prefix caching {'on' if caching else 'off'}: "
               f"{tokens / seconds:,.0f} tok/s", flush=True)

@@ -24,8 +24,12 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from course.manifest import ROOT
+
+if TYPE_CHECKING:   # torch loads when a build needs it
+    from torch._ops import _OpNamespace
 
 HEADERS = ROOT / "course" / "cuda"
 ARCHS_ENV = "TINYVLLM_CUDA_ARCHS"
@@ -236,7 +240,7 @@ def build(sources: list[Path], arch_list: list[str] | None = None) -> Path:
 _loaded: Path | None = None
 
 
-def load_kernels(sources: list[Path]):
+def load_kernels(sources: list[Path]) -> _OpNamespace:
     """Build (or reuse) the library for these sources and return `torch.ops.tinyvllm`."""
     global _loaded
     import torch

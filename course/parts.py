@@ -15,8 +15,12 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from course import manifest
+
+if TYPE_CHECKING:   # torch loads with the kernels
+    from torch._ops import _OpNamespace
 
 STUDENT_ENV = "TINYVLLM_STUDENT"
 STUDENT_ROOT_ENV = "TINYVLLM_STUDENT_ROOT"
@@ -110,7 +114,7 @@ def kernel_sources(arch_list: list[str] | None = None) -> list[Path]:
 _kernels = None
 
 
-def kernels():
+def kernels() -> _OpNamespace:
     """`torch.ops.tinyvllm`, with every kernel built from the selected sources and loaded.
 
     Built once per process (the selection is fixed for a process's life), so the ops, which

@@ -132,6 +132,9 @@ def course_main(args: argparse.Namespace) -> int:
 
 
 def list_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m grader list",
+                                description="The stages, from the manifest.")
+    p.parse_args(argv)   # takes no arguments: an extra one is a usage error
     for s in manifest.stages():
         flag = "gpu" if s.gpu else "cpu"
         status = "" if s.ready else "  (planned: not available yet)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from course import manifest
 
@@ -59,7 +59,8 @@ def gpu_tests_not_graded(reason: str | None) -> Iterator[None]:
             os.environ[NOT_GRADED_ENV] = saved
 
 
-def check(stage: manifest.Stage, capability: tuple[int, int] | None = None):
+def check(stage: manifest.Stage, capability: tuple[int, int] | None = None
+          ) -> AbstractContextManager[None]:
     """Print the line when this GPU is too old; the context to grade the stage in."""
     reason = too_old(stage, capability)
     if reason:

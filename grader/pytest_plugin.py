@@ -87,7 +87,7 @@ def _part_of(path: Path) -> tuple[str, str] | None:
     return None
 
 
-def todo_part(item, excinfo) -> str | None:
+def todo_part(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> str | None:
     """The part whose TODO a test ran into, when that is not a part its test file is about.
 
     A test file `test_<name>.py` is about the parts of its stage named `<name>.*` (the

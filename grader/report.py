@@ -40,7 +40,7 @@ def first_line(text: str, width: int = 90) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
-def header(stage, selection: str) -> list[str]:
+def header(stage: manifest.Stage, selection: str) -> list[str]:
     return [f"Stage {stage.id} -- {stage.title}", f"  using: {selection}"]
 
 

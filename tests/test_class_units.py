@@ -196,6 +196,24 @@ def test_the_worker_never_sees_the_graded_reference(tmp_path):
     assert not (tmp_path / "course").exists()
 
 
+def test_a_judged_collection_error_is_reported(tmp_path, monkeypatch):
+    """A test file that does not collect under the student's parts (its import fails) used to
+    leave only its tests 'missing': run_tests' collection errors were dropped. They are the
+    result's errors (the JSON's "errors", a JUnit <error>), cleaned like any student text."""
+    from grader import runner
+    from grader.classroom.collect import Case
+    stage = manifest.find("02")
+    cases.honest(tmp_path / "subs" / "alice", _ctx(tmp_path))
+    student = submission.students(tmp_path / "subs")[0]
+    error = ("could not collect stages/02_tokenize/tests/test_stopping.py:\n"
+             "ImportError: cannot import name 'StopChecker'\x1b")
+    monkeypatch.setattr(runner, "run_tests", lambda *args, **kwargs: ([], [error]))
+    case = Case("stages/02_tokenize/tests/test_stopping.py::test_eos", 1.0, False)
+    result, _ = grade.grade_stage(student, stage, [case], grade.Settings(), tmp_path)
+    assert result.errors == [clean(error)], result.errors
+    assert [t.outcome for t in result.tests] == ["missing"]
+
+
 def test_similarity_sees_through_renaming():
     stage = manifest.find("02")
     ref = (stage.solution_dir() / "stopping.py").read_text()

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     # dtype: (atol, rtol) -- |got - expected| <= atol + rtol * |expected|
@@ -46,8 +50,8 @@ def generator(device: str | torch.device = "cpu", seed: int | None = None) -> to
     return g
 
 
-def randn(shape, dtype: torch.dtype, device="cpu", gen: torch.Generator | None = None,
-          scale: float = 1.0) -> torch.Tensor:
+def randn(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device = "cpu",
+          gen: torch.Generator | None = None, scale: float = 1.0) -> torch.Tensor:
     """Normal random values (never zeros): drawn in float32 on the device, then cast."""
     gen = gen or generator(device)
     return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(dtype)
@@ -135,7 +139,7 @@ def assert_unmodified(before: torch.Tensor, after: torch.Tensor, name: str) -> N
         raise AssertionError(f"input {name} was modified by the kernel; it must only be read")
 
 
-def kernels_of(call):
+def kernels_of(call: Callable[[], T]) -> tuple[T, list[str]]:
     """call()'s result and the names of the GPU kernels it ran (torch.profiler), to check
     which kernel an op dispatched to."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

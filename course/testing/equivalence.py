@@ -16,7 +16,16 @@ Three measures, each with a message that says where things went apart:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:   # transformers loads with a test's model; parts.load names a stage's types
+    from transformers import LlamaForCausalLM
+
+    from course import parts
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 
 def rel_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -55,7 +64,8 @@ def assert_rel_close(got: torch.Tensor, expected: torch.Tensor, tol: float, what
 
 
 @torch.no_grad()
-def our_logits(model, prompts, return_hidden: bool = False):
+def our_logits(model: LlamaModel, prompts: Sequence[Sequence[int]], return_hidden: bool = False
+               ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
     """Our model's logits of each prompt's last token, the prompts packed in one forward.
 
     model: a LlamaModel (stage 08); prompts: lists of token ids. Returns [B, V] float32, and
@@ -72,7 +82,8 @@ def our_logits(model, prompts, return_hidden: bool = False):
 
 
 @torch.no_grad()
-def hf_forward(model, ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def hf_forward(model: LlamaForCausalLM, ids: Sequence[int] | torch.Tensor
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """transformers' (logits [T, V] float32, [layer output [T, H] for each decoder layer]).
 
     ids: one sequence (list or 1-D tensor of token ids), positions 0..T-1.
@@ -94,8 +105,9 @@ def hf_forward(model, ids) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def hf_greedy(model, prompt_ids, max_new_tokens: int,
-              eos_ids=()) -> tuple[list[int], list[torch.Tensor]]:
+def hf_greedy(model: LlamaForCausalLM, prompt_ids: Sequence[int] | torch.Tensor,
+              max_new_tokens: int, eos_ids: Iterable[int] = ()
+              ) -> tuple[list[int], list[torch.Tensor]]:
     """transformers' generate(do_sample=False): (new token ids, the logits [V] of each step)."""
     device = next(model.parameters()).device
     ids = torch.as_tensor(prompt_ids, dtype=torch.int64, device=device).reshape(1, -1)

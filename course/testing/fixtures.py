@@ -6,10 +6,19 @@ untied embeddings, sizes that are not powers of two, and sharded checkpoints.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:   # transformers loads with a test's model; parts.load names a stage's types
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from course import parts
+    from solutions.engine.llm_engine import LLMEngine, SamplingParams
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 VARIANTS: dict[str, dict] = {
     # GQA 3:1 like SmolLM2, tied embeddings, unscaled rope
@@ -28,7 +37,8 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def hf_config(variant: str, vocab_size: int = 211, num_layers: int = 2, **overrides):
+def hf_config(variant: str, vocab_size: int = 211, num_layers: int = 2,
+              **overrides: Any) -> LlamaConfig:
     """A transformers LlamaConfig for one of VARIANTS."""
     from transformers import LlamaConfig
     kw = dict(vocab_size=vocab_size, num_hidden_layers=num_layers, rms_norm_eps=1e-5,
@@ -39,7 +49,7 @@ def hf_config(variant: str, vocab_size: int = 211, num_layers: int = 2, **overri
     return LlamaConfig(**kw)
 
 
-def tiny_llama(variant: str, seed: int = 0, **overrides):
+def tiny_llama(variant: str, seed: int = 0, **overrides: Any) -> LlamaForCausalLM:
     """A random transformers LlamaForCausalLM (float32, eval mode)."""
     from transformers import LlamaForCausalLM
     torch.manual_seed(seed)
@@ -53,7 +63,7 @@ def tiny_llama(variant: str, seed: int = 0, **overrides):
 
 
 def save_tiny_llama(directory: Path, variant: str, seed: int = 0, shard_size: str | None = None,
-                    dtype: torch.dtype = torch.float32, **overrides):
+                    dtype: torch.dtype = torch.float32, **overrides: Any) -> LlamaForCausalLM:
     """Save a tiny random Llama in HF layout (config.json + safetensors); return the model.
 
     shard_size="20KB" writes a sharded checkpoint with model.safetensors.index.json.
@@ -68,7 +78,7 @@ def save_tiny_llama(directory: Path, variant: str, seed: int = 0, shard_size: st
     return model
 
 
-def load_tiny(directory: Path, variant: str, **overrides) -> SimpleNamespace:
+def load_tiny(directory: Path, variant: str, **overrides: Any) -> SimpleNamespace:
     """A tiny random Llama saved in HF layout without an end-of-sequence id (so greedy runs
     last as long as asked), loaded back by stage 01's loader: variant, directory, hf (the
     transformers model), config and weights (by their Hugging Face names)."""
@@ -85,10 +95,11 @@ class Solo:
     stage 09's generate_greedy, computed once for `max_new` tokens; a shorter max_tokens or
     an eos id cuts that list (greedy decoding does not look ahead)."""
 
-    def __init__(self, model, max_new: int):
+    def __init__(self, model: LlamaModel, max_new: int):
         self.model, self.max_new, self.done = model, max_new, {}
 
-    def __call__(self, prompt, max_tokens, eos=()):
+    def __call__(self, prompt: Sequence[int], max_tokens: int,
+                 eos: Collection[int] = ()) -> list[int]:
         assert max_tokens <= self.max_new
         key = tuple(prompt)
         if key not in self.done:
@@ -100,7 +111,10 @@ class Solo:
         return out if stop is None else out[: stop + 1]
 
 
-def drive(engine, arrivals, after_step=None):
+def drive(engine: LLMEngine,
+          arrivals: dict[int, list[tuple[list[int], SamplingParams]]],
+          after_step: Callable[[LLMEngine, int], object] | None = None
+          ) -> tuple[dict[int, list[int]], dict[int, tuple]]:
     """Run a serving engine until nothing is left; arrivals: {step: [(prompt, SamplingParams)]}
     added before that step; after_step(engine, step) runs after every step (a test's
     invariants). Returns (new tokens by request id, (prompt, params, finish reason) by id)."""

@@ -164,7 +164,9 @@ def _result(record: dict) -> runner.StageResult:
     return result
 
 
-def write_reports(args, chosen, students, done) -> bool:
+def write_reports(args: argparse.Namespace, chosen: list[manifest.Stage],
+                  students: list[submission.Student], done: dict[tuple[str, str], dict]
+                  ) -> bool:
     """The CSV, JSON, JUnit and similarity reports, each on its own; False if one failed."""
     pairs = []
     for stage in chosen:

@@ -29,11 +29,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from course import manifest
 from grader import runner
 from grader.classroom import sandbox
 from grader.classroom.text import clean
+
+if TYPE_CHECKING:   # grade.py imports this module
+    from grader.classroom.grade import Settings
 
 OUTCOMES = frozenset(("passed", "failed", "todo", "not_graded", "skipped", "timeout", "crashed"))
 READ_LIMIT = 8 << 20
@@ -145,7 +149,7 @@ class _Reader:
 
 
 def run_tests(stage: manifest.Stage, cases: list, student_root: Path, shared: Path,
-              view: Path, env: dict[str, str], settings, marker: str = "gpu",
+              view: Path, env: dict[str, str], settings: Settings, marker: str = "gpu",
               paths: list[Path] | None = None) -> dict[str, runner.TestResult]:
     """Run `cases` (the course's GPU tests of `stage`) with the student's kernels; return
     a result for each test that got one (a test without one scores zero, named missing).

@@ -76,8 +76,11 @@ def grade_stage(student: submission.Student, stage: manifest.Stage, cases: list[
                                              whole_library=True)
             else:
                 result.build = compile_parts(stage, student_root, worker_root, shared, settings)
-        judged = _judged(stage, [c for c in cases if not c.gpu], student_root, worker_root,
-                         shared, settings, ws)
+        judged, errors = _judged(stage, [c for c in cases if not c.gpu], student_root,
+                                 worker_root, shared, settings, ws)
+        # a test file that did not collect (a part that fails to import) is said, not only
+        # its tests 'missing'; like any collection error it scores the stage zero
+        result.errors += [clean(e) for e in errors]
         gpu = {c.name: runner.TestResult(c.name, "not_graded", runner.NOT_GRADED +
                                          ": no CUDA device", c.points) for c in gpu_cases}
         if on_gpu and result.build.startswith("FAILED"):
@@ -108,9 +111,12 @@ def _trusted(got: runner.TestResult | None, case: Case) -> runner.TestResult:
                              float(got.seconds) if isinstance(got.seconds, (int, float)) else 0)
 
 
-def _judged(stage, cases, student_root, worker_root, shared, settings, ws) -> dict:
+def _judged(stage, cases, student_root, worker_root, shared, settings, ws
+            ) -> tuple[dict[str, runner.TestResult], list[str]]:
+    """The CPU tests' results, by name, judged against the student's parts in the worker;
+    and the collection errors."""
     if not cases:
-        return {}
+        return {}, []
     config = {"student_stages": [stage.id], "student_root": str(student_root),
               "worker_root": str(worker_root), "shared": str(shared),
               "call_timeout": settings.test_timeout,
@@ -129,10 +135,10 @@ def _judged(stage, cases, student_root, worker_root, shared, settings, ws) -> di
             os.environ.pop(CONFIG_ENV, None)
         else:
             os.environ[CONFIG_ENV] = saved
-    return {t.name: t for t in tests}
+    return {t.name: t for t in tests}, errors
 
 
-def compile_parts(stage, student_root: Path, course: Path, shared: Path,
+def compile_parts(stage: manifest.Stage, student_root: Path, course: Path, shared: Path,
                   settings: Settings, whole_library: bool = False) -> str:
     """Compile the student's kernels in the sandbox, under a time limit. `course` is the
     course the compiler sees: the worker's copy, or (whole_library, on a GPU machine) the

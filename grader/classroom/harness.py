@@ -22,9 +22,13 @@ import pickle
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from grader.classroom import protocol
 from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
+
+if TYPE_CHECKING:   # torch is used here only once student code has loaded it
+    import torch
 
 SHARED_ENV = "TINYVLLM_CLASSROOM_SHARED"
 MAX_ITEMS = 1_000_000
@@ -52,7 +56,8 @@ class JudgeObject:
             raise AttributeError(name)
         return lambda *args, **kwargs: self._worker.callback(self._jid, name, args, kwargs)
 
-    def __call__(self, *args, **kwargs):   # a function of the tests (a lambda patched in)
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        # a function of the tests (a lambda patched in)
         return self._worker.callback(self._jid, None, args, kwargs)
 
 
@@ -128,7 +133,7 @@ class Worker:
         raise ValueError(f"unknown request {op!r}")
 
     @staticmethod
-    def operator(obj, name: str, args: tuple) -> object:
+    def operator(obj: Any, name: str, args: tuple) -> object:
         if name == "__contains__":
             return bool(args[0] in obj)
         if name == "__len__":
@@ -166,7 +171,8 @@ class Worker:
             raise RuntimeError(f"calling {what} failed: {result}")
         return result
 
-    def envelope(self, ctx: dict, value: bytes = b"", error=None, callback=None) -> dict:
+    def envelope(self, ctx: dict, value: bytes = b"", error: tuple[int, str, str] | None = None,
+                 callback: tuple[int, str | None] | None = None) -> dict:
         """A reply, with the attributes of the objects kept in step that the request was
         given (or that the reply names)."""
         synced: dict[int, bytes] = {}
@@ -236,7 +242,7 @@ class Worker:
             ctx["classes"][hid] = (cls.__module__, cls.__qualname__, bases)
         return hid
 
-    def encode_tensor(self, t, ctx: dict) -> _Pid:
+    def encode_tensor(self, t: torch.Tensor, ctx: dict) -> _Pid:
         t = t.detach().cpu()
         storage = t.untyped_storage()
         key = storage.data_ptr(), storage.nbytes()

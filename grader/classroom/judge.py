@@ -87,7 +87,7 @@ class Remote:
     def __setattr__(self, name: str, value) -> None:
         self._r("setattr", name, value)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> object:
         return self._r("call", args, kwargs)
 
     def __enter__(self):
@@ -194,7 +194,7 @@ class Connection:
             self.start()
         return self.request(self.gen, "load", stage_id, name)
 
-    def request(self, gen: int, op: str, *args):
+    def request(self, gen: int, op: str, *args: object) -> object:
         if gen != self.gen or self.proc is None:
             raise WorkerFailed("this student object belonged to a worker process that has "
                                "died since")

@@ -13,6 +13,8 @@ import io
 import os
 import pickle
 import struct
+from collections.abc import Callable
+from typing import NoReturn
 
 MAX_FRAME = 256 << 20          # a bigger reply is refused: "return value too large"
 HEADER = struct.Struct("<I")
@@ -54,14 +56,14 @@ def read_frame(fd: int, limit: int = MAX_FRAME) -> bytes:
 class SafeUnpickler(pickle.Unpickler):
     """Plain data only; persistent ids are handed to `persistent` for checking."""
 
-    def __init__(self, data: bytes, persistent):
+    def __init__(self, data: bytes, persistent: Callable[[object], object]):
         super().__init__(io.BytesIO(data))
         self._persistent = persistent
 
-    def find_class(self, module: str, name: str):
+    def find_class(self, module: str, name: str) -> NoReturn:
         raise ProtocolError(f"the reply refers to {module}.{name}: only plain data may come back")
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: object) -> object:
         return self._persistent(pid)
 
 
@@ -84,7 +86,7 @@ def update_in_place(obj: object, state: dict) -> None:
             current[name] = new
 
 
-def safe_loads(data: bytes, persistent) -> object:
+def safe_loads(data: bytes, persistent: Callable[[object], object]) -> object:
     try:
         return SafeUnpickler(data, persistent).load()
     except ProtocolError:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from grader import children
 
@@ -152,7 +153,7 @@ def _limit(limits: Limits) -> None:
 
 
 def popen(argv: list[str], mounts: Mounts, cwd: Path, env: dict[str, str],
-          limits: Limits | None = None, **kw) -> subprocess.Popen:
+          limits: Limits | None = None, **kw: int | IO[bytes] | None) -> subprocess.Popen:
     """Start `argv` sandboxed, in a session of its own (so kill() reaches all of it)."""
     return children.track(subprocess.Popen(command(argv, mounts, cwd), cwd=cwd, env=env,
                                            preexec_fn=functools.partial(_limit, limits or Limits()),

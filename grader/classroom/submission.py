@@ -76,7 +76,7 @@ def read_parts(student: Student, stage: manifest.Stage) -> Parts:
             found.problems.append(f"{stage.dir}/{part}: {why}: rejected")
             continue
         found.files[part] = data
-    found.problems += _strays(folder, stage)
+    found.problems += _strays(folder)
     return found
 
 
@@ -152,7 +152,7 @@ def _without_comments(text: str) -> str:
     return "".join(out)
 
 
-def _strays(folder: Path, stage: manifest.Stage) -> list[str]:
+def _strays(folder: Path) -> list[str]:
     """Bytecode, symlinks and special files in the stage folder: never used, reported."""
     out = []
     for dirpath, dirnames, filenames in os.walk(folder):   # does not follow symlinks

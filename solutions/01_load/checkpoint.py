@@ -19,6 +19,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,12 +27,14 @@ from course import parts
 
 _st = parts.load("01", "safetensors")
 CheckpointError = _st.CheckpointError
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    ModelConfig = parts.load("01", "config").ModelConfig
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 
-def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a Llama with this ModelConfig needs, by Hugging Face name, with its shape.
 
     Linear weights are stored [out_features, in_features] (y = x @ W.T):
@@ -127,7 +130,7 @@ def weight_files(model_dir: str | os.PathLike) -> tuple[Path, dict[str, Path]]:
     # END SOLUTION
 
 
-def load_weights(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor]:
+def load_weights(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str, torch.Tensor]:
     """Every tensor of expected_shapes(config), checked, plus lm_head.weight.
 
     - each name missing from weight_files -> CheckpointError "NAME missing from WHERE";
@@ -162,7 +165,7 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def load_checked(model_dir: str | os.PathLike, config) -> dict[str, torch.Tensor]:
+def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str, torch.Tensor]:
     """load_weights, with what it takes on trust checked around it (the engine loads through
     this): every tensor floating point (an int32 embedding would load and answer noise), and
     no layer in the files beyond config.num_hidden_layers (a config that counts fewer layers

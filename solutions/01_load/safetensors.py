@@ -69,7 +69,7 @@ def dtype_table() -> dict[str, torch.dtype]:
     # END SOLUTION
 
 
-def read_header(buf, path: Path) -> tuple[dict, int]:
+def read_header(buf: bytes | mmap.mmap, path: Path) -> tuple[dict, int]:
     """Parse the header of a whole file `buf` (bytes-like); return (header dict, data start).
 
     Raises CheckpointError when the file is shorter than 8 bytes, when N points past the end
@@ -98,7 +98,7 @@ def read_header(buf, path: Path) -> tuple[dict, int]:
     # END SOLUTION
 
 
-def parse_entry(name: str, entry, data_size: int, path: Path) -> TensorInfo:
+def parse_entry(name: str, entry: object, data_size: int, path: Path) -> TensorInfo:
     """Validate one header entry against a data buffer of `data_size` bytes.
 
     Raises CheckpointError naming `name` when: the entry is not an object with dtype, shape

@@ -24,9 +24,17 @@ Run: nox -s grade -- 02   (or python3 -m grader 02)
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 REPLACEMENT_CHAR = "\ufffd"
 # How many prompt tokens to decode as context before the first generated token (vLLM uses 5).
 PROMPT_CONTEXT_TOKENS = 5
+
+
+class Decoder(Protocol):
+    """What the detokenizer needs of a tokenizer."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class IncrementalDetokenizer:
@@ -41,7 +49,8 @@ class IncrementalDetokenizer:
     tokenizer.decode(generated_ids, skip_special_tokens=skip_special).
     """
 
-    def __init__(self, tokenizer, prompt_ids: list[int] | None = None, skip_special: bool = True):
+    def __init__(self, tokenizer: Decoder, prompt_ids: list[int] | None = None,
+                 skip_special: bool = True):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self.ids: list[int] = list(prompt_ids or [])

@@ -26,8 +26,6 @@ Run: nox -s grade -- 02   (or python3 -m grader 02)
 """
 from __future__ import annotations
 
-REASONS = ("eos", "stop_string", "max_tokens")
-
 
 class StopChecker:
     """Stop conditions of one request. Call check() once per generated token."""

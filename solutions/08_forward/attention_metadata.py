@@ -61,10 +61,6 @@ class AttentionMetadata:
     key_rows: torch.Tensor | None = None
     decode: bool = False
 
-    @property
-    def num_seqs(self) -> int:
-        return self.last_rows.shape[0]
-
 
 class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -33,7 +33,9 @@ token (stage 09 fixes that).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +52,9 @@ add_rmsnorm_linear = ops.get("add_rmsnorm_linear")
 argmax = ops.get("argmax")
 ids_error = parts.load("03", "embedding").out_of_range_error
 positions_error = parts.load("05", "rope").out_of_range_error
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    AttentionBackend = _meta.AttentionBackend
+    ModelConfig = parts.load("01", "config").ModelConfig
 
 # The rope table holds one row per position; Llama 3.x claims 131072 positions (32 MiB of
 # float32 at head_dim 64), some configs claim millions. Beyond this the table is not built.
@@ -83,9 +88,9 @@ class LlamaModel:
     attention backend (default: PrefillAttention, no cache); see attention_metadata.py.
     """
 
-    def __init__(self, config, weights: dict[str, torch.Tensor],
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 max_positions: int | None = None, attention=None):
+                 max_positions: int | None = None, attention: AttentionBackend | None = None):
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype or default_dtype(self.device)
@@ -159,7 +164,9 @@ class LlamaModel:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                return_hidden: bool = False, final_norm: bool = True):
+                return_hidden: bool = False, final_norm: bool = True
+                ) -> (torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]
+                      | tuple[torch.Tensor, torch.Tensor]):
         """The final hidden states of the step's tokens, after the last RMSNorm.
 
         ids: [T] int64 new token ids of B sequences packed back to back; positions: [T] int64,
@@ -287,7 +294,7 @@ def check_prompt(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int) 
 
 
 def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int,
-                    eos_ids=()) -> list[int]:
+                    eos_ids: Iterable[int] = ()) -> list[int]:
     """Greedy decoding without a KV cache: up to max_new_tokens new token ids.
 
     Each step runs the whole sequence so far through the model and appends the argmax of

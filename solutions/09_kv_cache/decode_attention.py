@@ -62,7 +62,7 @@ def decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     1 / sqrt(head_dim). Returns [batch, n_heads, head_dim], written into `out` when given.
     """
     slots, lens = _check(q, k_cache, v_cache, seq_slots, context_lens)
-    batch, n_heads, head_dim = q.shape
+    n_heads, head_dim = q.shape[1:]
     n_kv = k_cache.shape[2]
     group = n_heads // n_kv
     result = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out

@@ -23,9 +23,10 @@ is the attention backend that writes the new K/V into the cache and then attends
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,9 @@ from course import ops, parts
 _meta = parts.load("08", "attention_metadata")
 check_prompt = parts.load("08", "model").check_prompt
 AttentionMetadata, offsets, to_device = _meta.AttentionMetadata, _meta.offsets, _meta.to_device
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    ModelConfig = parts.load("01", "config").ModelConfig
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 
 class KVCache:
@@ -56,14 +60,14 @@ class KVCache:
         # END SOLUTION
 
     @classmethod
-    def for_model(cls, model, num_slots: int, max_len: int | None = None) -> "KVCache":
+    def for_model(cls, model: LlamaModel, num_slots: int, max_len: int | None = None) -> "KVCache":
         """A cache shaped for a stage-08 LlamaModel (its dtype and device)."""
         c = model.config
         return cls(c.num_hidden_layers, num_slots, max_len or model.max_positions,
                    c.num_key_value_heads, c.head_dim, model.dtype, model.device)
 
     @staticmethod
-    def bytes_per_token(config, dtype: torch.dtype) -> int:
+    def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
         """K and V of one token in every layer: 2 * layers * kv_heads * head_dim * itemsize."""
         itemsize = torch.empty((), dtype=dtype).element_size()
         return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * itemsize
@@ -114,7 +118,7 @@ class StepPlan:
     decode: bool
 
     @classmethod
-    def build(cls, steps: Sequence[SeqStep], cache) -> "StepPlan":
+    def build(cls, steps: Sequence[SeqStep], cache: KVCache) -> "StepPlan":
         """The plan of a step over `cache` (its block_size and num_blocks); ValueError for a
         sequence that does not fit the blocks it owns.
 
@@ -210,8 +214,8 @@ class KVCacheAttention:
         # END SOLUTION
 
 
-def generate_greedy(model, prompt_ids: list[int], max_new_tokens: int, eos_ids=(),
-                    cache: KVCache | None = None) -> list[int]:
+def generate_greedy(model: LlamaModel, prompt_ids: list[int], max_new_tokens: int,
+                    eos_ids: Iterable[int] = (), cache: KVCache | None = None) -> list[int]:
     """Greedy decoding with a KV cache: one prefill of the prompt, then one token a step.
 
     model: a stage-08 LlamaModel whose attention backend is KVCacheAttention (this function

@@ -39,10 +39,16 @@ write their K/V there.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    from course import parts
+    Sequence = parts.load("11", "sequence").Sequence
 
 
-def chain_hash(prefix_hash: int, token_ids) -> int:
+def chain_hash(prefix_hash: int, token_ids: Iterable[int]) -> int:
     """The hash of a full block: its tokens after the prefix whose hash is prefix_hash (-1
     for the first block). Python's hash of a tuple of ints is the same in every process."""
     return hash((prefix_hash, tuple(token_ids)))
@@ -151,7 +157,7 @@ class BlockManager:
 
     # -- the prefix cache -------------------------------------------------------------------
 
-    def _lookup(self, seq) -> _Lookup:
+    def _lookup(self, seq: Sequence) -> _Lookup:
         """The cached blocks at the start of seq: full blocks before its last token whose
         chained hash is registered and whose tokens and parent match. Changes nothing."""
         found = _Lookup()
@@ -175,7 +181,7 @@ class BlockManager:
         # END SOLUTION
         return found
 
-    def _register(self, seq) -> None:
+    def _register(self, seq: Sequence) -> None:
         """Give every full block of seq whose K/V are cached (within its first num_cached
         tokens) a hash, in order, unless it has one. A block whose prefix is registered in
         another block already (computed twice) stays out of the prefix cache, and the chain
@@ -215,7 +221,7 @@ class BlockManager:
 
     # -- the CacheAllocator interface (stage 11's scheduler calls these) ---------------------
 
-    def can_allocate(self, seq) -> bool:
+    def can_allocate(self, seq: Sequence) -> bool:
         """Are there free blocks for all of seq's tokens, counting the prefix-cache hits?"""
         # BEGIN SOLUTION: fresh blocks needed (blocks_needed minus hits) plus the hits that are free now must fit num_free_blocks
         hits = self._lookup(seq).blocks
@@ -224,7 +230,7 @@ class BlockManager:
         return fresh + reused_free <= self.num_free_blocks
         # END SOLUTION
 
-    def allocate(self, seq) -> None:
+    def allocate(self, seq: Sequence) -> None:
         """Blocks for all of seq's tokens: the cached prefix shared, the rest fresh. Sets
         seq.block_table, and seq.num_cached to the cached prefix length (always below
         seq.num_tokens). The caller checked can_allocate."""
@@ -243,14 +249,14 @@ class BlockManager:
         self.stats.hit_tokens += seq.num_cached
         # END SOLUTION
 
-    def can_append(self, seq) -> bool:
+    def can_append(self, seq: Sequence) -> bool:
         """Can seq's newest token get a position (a free block, if it starts a new one)?"""
         # BEGIN SOLUTION: a new block is needed when the table covers fewer than num_tokens positions
         needs_block = len(seq.block_table) * self.block_size < len(seq.token_ids)
         return not needs_block or len(self.free_blocks) > 0
         # END SOLUTION
 
-    def append(self, seq) -> None:
+    def append(self, seq: Sequence) -> None:
         """Before a decode step: a fresh block if the newest token starts one; blocks that
         the tokens cached so far filled get their hashes."""
         # BEGIN SOLUTION: take a fresh block when the table is short; then _register
@@ -259,13 +265,13 @@ class BlockManager:
         self._register(seq)
         # END SOLUTION
 
-    def computed(self, seq) -> None:
+    def computed(self, seq: Sequence) -> None:
         """After a step: the blocks that seq's cached tokens filled join the prefix cache, so
         a request admitted in the next step (a prefill step, with no decode step between to
         call append) already finds them."""
         self._register(seq)
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         """seq gives its blocks back (finished, aborted or preempted): ref counts drop, and
         a block nobody holds joins the end of the free list, last block first, keeping its
         hash for later hits."""

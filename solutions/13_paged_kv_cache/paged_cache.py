@@ -30,11 +30,17 @@ largest prefill step, on a CPU from a budget in GiB.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from course import manifest, ops, parts
 
 _meta = parts.load("08", "attention_metadata")
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    AttentionMetadata = _meta.AttentionMetadata
+    ModelConfig = parts.load("01", "config").ModelConfig
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 GiB = 1 << 30
 
@@ -62,7 +68,7 @@ class PagedKVCache:
         self._rope_write = ops.get("rope_cache_write")
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int,
+    def for_model(cls, model: LlamaModel, num_blocks: int, block_size: int,
                   max_len: int | None = None) -> "PagedKVCache":
         """A cache shaped for a stage-08 LlamaModel (its dtype and device)."""
         c = model.config
@@ -70,7 +76,7 @@ class PagedKVCache:
                    c.num_key_value_heads, c.head_dim, model.dtype, model.device)
 
     @staticmethod
-    def block_bytes(config, dtype: torch.dtype, block_size: int) -> int:
+    def block_bytes(config: ModelConfig, dtype: torch.dtype, block_size: int) -> int:
         """K and V of one block in every layer."""
         return block_size * parts.load("09", "kv_cache").KVCache.bytes_per_token(config, dtype)
 
@@ -96,7 +102,7 @@ def _gathered_decode(q, k_cache, v_cache, block_tables, context_lens, scale, max
     """Decode attention over a paged cache without stage 14: copy each sequence's blocks into
     a contiguous [B, max_blocks * block_size] cache and run stage 09's decode attention over
     it. Correct and graph-safe, but it moves every sequence's whole block table each layer."""
-    batch, max_blocks = block_tables.shape
+    batch = block_tables.shape[0]
     index = block_tables.long()
     ks = k_cache[index].flatten(1, 2)       # [B, max_blocks * block_size, n_kv, d]
     vs = v_cache[index].flatten(1, 2)
@@ -118,7 +124,8 @@ class PagedAttention:
             self.decode = _gathered_decode
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 meta, scale: float, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+                 meta: AttentionMetadata, scale: float,
+                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """q: [T, n_heads, d], k, v: [T, n_kv_heads, d] of the new tokens, not yet rotated;
         rope: (positions [T] int64, cos_sin [max_positions, d] float32) -> [T, n_heads, d]."""
         positions, cos_sin = rope
@@ -156,7 +163,7 @@ def warmup_lengths(tokens: int, max_len: int, max_seqs: int) -> list[int]:
 
 
 @torch.no_grad()
-def peak_step_bytes(model, tokens: int, max_len: int, max_seqs: int) -> int:
+def peak_step_bytes(model: LlamaModel, tokens: int, max_len: int, max_seqs: int) -> int:
     """CUDA: the memory one prefill step of `tokens` tokens (and its logits) takes at its peak,
     beyond what is allocated now, measured by running it (the model's attention backend must
     handle a step without a cache)."""
@@ -178,7 +185,7 @@ def peak_step_bytes(model, tokens: int, max_len: int, max_seqs: int) -> int:
     return peak
 
 
-def kv_cache_blocks(model, block_size: int, max_len: int, max_num_seqs: int,
+def kv_cache_blocks(model: LlamaModel, block_size: int, max_len: int, max_num_seqs: int,
                     max_num_batched_tokens: int, gpu_memory_utilization: float = 0.9,
                     cpu_gib: float = 1.0) -> int:
     """How many blocks (the pad block included) the pool gets.

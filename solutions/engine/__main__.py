@@ -20,6 +20,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # main() imports the engine (and torch) only when it runs
+    from solutions.engine.llm import LLM, GenerationResult, SamplingParams
 
 DEFAULT_PROMPT = "What is the capital of France?"
 
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         llm = LLM(model_dir, device=args.device,
                   config=EngineConfig(max_model_len=args.max_model_len))
         if many is not None:
-            return run_many(llm, many, base, args, SamplingParams)
+            return run_many(llm, many, base, args, params_type=SamplingParams)
         options = dict(base, raw=args.raw)
         prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
         if args.json:
@@ -148,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def as_json(r) -> str:
+def as_json(r: GenerationResult) -> str:
     return json.dumps({"prompt_ids": r.prompt_ids, "output_ids": r.output_ids, "text": r.text,
                        "finish_reason": r.finish_reason}, ensure_ascii=False)
 
 
-def run_many(llm, many: list[tuple[str, dict] | ValueError], base: dict, args,
-             SamplingParams) -> int:
+def run_many(llm: LLM, many: list[tuple[str, dict] | ValueError], base: dict,
+             args: argparse.Namespace, params_type: type[SamplingParams]) -> int:
     """Every valid request of the file runs in one batch; a bad one is reported in its place."""
     good, errors = [], {}
     for i, item in enumerate(many):
@@ -162,7 +166,7 @@ def run_many(llm, many: list[tuple[str, dict] | ValueError], base: dict, args,
             if isinstance(item, ValueError):     # a malformed .jsonl line (read_prompts)
                 raise item
             prompt, overrides = item
-            params = SamplingParams.from_dict({**base, **overrides})
+            params = params_type.from_dict({**base, **overrides})
             good.append((i, llm.prepare(prompt, args.raw), params))
         except ValueError as e:
             errors[i] = one_line(e)

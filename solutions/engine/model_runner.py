@@ -29,6 +29,7 @@ step's ids row and into the pinned slot the step was given (TokenMailbox.reserve
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +40,8 @@ _kv = parts.load("09", "kv_cache")
 DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
 copy_pinned = parts.load("10", "pinned_copy").copy_pinned
 SlotAllocator = parts.load("11", "scheduler").SlotAllocator
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 GiB = 1 << 30
 
@@ -143,7 +146,7 @@ class EngineConfig:
 
     DEFAULT_MAX_MODEL_LEN = 4096
 
-    def model_len(self, model) -> int:
+    def model_len(self, model: LlamaModel) -> int:
         if self.max_model_len is None:
             return min(model.max_positions, self.DEFAULT_MAX_MODEL_LEN)
         if not 1 <= self.max_model_len <= model.max_positions:
@@ -157,7 +160,7 @@ class EngineConfig:
         return self.paged
 
 
-def kv_cache_slots(model, config: EngineConfig, max_len: int) -> int:
+def kv_cache_slots(model: LlamaModel, config: EngineConfig, max_len: int) -> int:
     """How many sequences of max_len tokens the cache memory holds (at most max_num_seqs)."""
     per_seq = max_len * _kv.KVCache.bytes_per_token(model.config, model.dtype)
     if model.device.type == "cuda":
@@ -182,7 +185,7 @@ class ModelRunner:
     cache, allocator (the scheduler's), max_len, max_num_seqs (the largest batch the cache
     can run), decoder (stage 10's DecodeGraphs)."""
 
-    def __init__(self, model, config: EngineConfig):
+    def __init__(self, model: LlamaModel, config: EngineConfig):
         self.model, self.config = model, config
         # (ids of its SamplingParams, the SamplingParams, their SamplingTensors): see
         # _sampling_tensors

@@ -63,7 +63,7 @@ def dtype_table() -> dict[str, torch.dtype]:
     raise NotImplementedError("TODO stage 01: the dict {BF16: torch.bfloat16, F16: ..., ...} (about 6 lines)")
 
 
-def read_header(buf, path: Path) -> tuple[dict, int]:
+def read_header(buf: bytes | mmap.mmap, path: Path) -> tuple[dict, int]:
     """Parse the header of a whole file `buf` (bytes-like); return (header dict, data start).
 
     Raises CheckpointError when the file is shorter than 8 bytes, when N points past the end
@@ -77,7 +77,7 @@ def read_header(buf, path: Path) -> tuple[dict, int]:
     raise NotImplementedError("TODO stage 01: read N, check the bounds, parse the JSON, check it is an object (about 15 lines)")
 
 
-def parse_entry(name: str, entry, data_size: int, path: Path) -> TensorInfo:
+def parse_entry(name: str, entry: object, data_size: int, path: Path) -> TensorInfo:
     """Validate one header entry against a data buffer of `data_size` bytes.
 
     Raises CheckpointError naming `name` when: the entry is not an object with dtype, shape

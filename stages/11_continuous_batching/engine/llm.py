@@ -30,8 +30,11 @@ from solutions.engine.llm_engine import LLMEngine
 from solutions.engine.model_runner import EngineConfig
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
+# One prompt: text, chat messages [{"role": ..., "content": ...}], or token ids.
+Prompt = str | Sequence[dict] | Sequence[int]
+# What generate() and stream() take as keywords: SamplingParams fields (stop: str or strs).
+SamplingOption = int | float | bool | str | Sequence[str] | None
 
-FINISH_REASONS = ("eos", "stop_string", "max_tokens", "context")
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -134,8 +137,7 @@ class LLM:
         """The longest sequence (prompt + reply) the engine takes."""
         return self.engine.max_model_len
 
-    def encode_prompt(self, prompt: str | Sequence[int] | Sequence[dict],
-                      raw: bool = False) -> list[int]:
+    def encode_prompt(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids of a prompt: a string (wrapped in the chat template unless raw), a list
         of chat messages [{"role": ..., "content": ...}], or token ids (used as they are)."""
         is_text = isinstance(prompt, str)
@@ -160,7 +162,7 @@ class LLM:
                              f"(0..{self.config.vocab_size - 1})")
         return ids
 
-    def prepare(self, prompt, raw: bool = False) -> list[int]:
+    def prepare(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """A prompt's token ids, checked: ValueError if it is empty or longer than the
         context."""
         ids = self.encode_prompt(prompt, raw)
@@ -171,8 +173,10 @@ class LLM:
                              f"{self.max_positions} positions")
         return ids
 
-    def generate(self, prompts, sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, raw: bool = False, **options):
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, raw: bool = False, **options: SamplingOption
+                 ) -> GenerationResult | list[GenerationResult]:
         """Generate replies. prompts: one prompt (a string, chat messages, or token ids) or a
         list of them, run together; returns one GenerationResult or a list, in input order.
         sampling: one SamplingParams for all, or one per prompt; or pass its fields as keyword
@@ -223,8 +227,8 @@ class LLM:
                                     finish_reason=outputs[r][2]) for p, r in zip(ids, rids)]
         return results[0] if single else results
 
-    def stream(self, prompt, sampling: SamplingParams | None = None, *, raw: bool = False,
-               **options) -> TextStream:
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
+               raw: bool = False, **options: SamplingOption) -> TextStream:
         """Like generate() for one prompt, but iterate over the result to get text pieces as
         they come. The prompt and parameters are checked now; the request is queued when the
         iteration starts (a stream never read runs nothing), and several streams, or a stream

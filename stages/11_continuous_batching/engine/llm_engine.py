@@ -21,7 +21,9 @@ filled max_model_len positions) and "abort".
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +36,9 @@ Sequence = _sequence.Sequence
 # Stands for a token sampled on the GPU that the host has not seen yet (never a real id).
 PLACEHOLDER = -1
 _sched = parts.load("11", "scheduler")
+if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
+    LlamaModel = parts.load("08", "model").LlamaModel
+    Tokenizer = parts.load("02", "tokenizer").Tokenizer
 
 
 @dataclass(slots=True)   # one per running request per step: slots make it cheaper to build
@@ -62,7 +67,8 @@ class LLMEngine:
     """model: a stage-08 LlamaModel; tokenizer: stage 02's (or None: token ids only, no text);
     eos_ids: the model's end-of-sequence ids."""
 
-    def __init__(self, model, tokenizer, eos_ids, config: EngineConfig | None = None):
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer | None, eos_ids: Iterable[int],
+                 config: EngineConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids = frozenset(eos_ids)
         self.config = config or EngineConfig()

@@ -120,7 +120,7 @@ def filter_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     is never cut by top-p at all, even where float32 sums round up to 1 before the tail: its
     result must not depend on whether another row in the batch asked for a filter.
     """
-    B, V = scaled.shape
+    V = scaled.shape[1]
     sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)
     rank = torch.arange(V, device=scaled.device)[None, :]                      # [1, V]
     k = top_k[:, None]
