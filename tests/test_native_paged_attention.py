@@ -94,6 +94,16 @@ def test_refuses_tables_that_do_not_hold_the_context(seed):
         paged().paged_decode_attention_native(q, pk, pv, tables, ctx, 0.3, max_context=10)
     with pytest.raises(ValueError, match="paged attention"):
         paged().paged_decode_attention_native(q[:, :3], pk, pv, tables, ctx, 0.3)
+    with pytest.raises(ValueError, match="paged attention"):   # no KV heads: not a division by 0
+        paged().paged_decode_attention_native(q, pk[:, :, :0], pv[:, :, :0], tables, ctx, 0.3)
+    # the kernel's split-K arguments are refused here as the binding refuses them
+    for partition, split in ((7, None), (-16, None), (32, False), (1 << 21, True)):
+        with pytest.raises(ValueError, match="partition"):
+            paged().paged_decode_attention_native(q, pk, pv, tables, ctx, 0.3, split=split,
+                                                  partition=partition)
+    for partition, split in ((0, None), (0, False), (32, True), (16, None)):
+        paged().paged_decode_attention_native(q, pk, pv, tables, ctx, 0.3, split=split,
+                                              partition=partition)
     # with the new token to store, a refused call stores nothing (the other sequence's included)
     new_token = (torch.randn(2, 2, 8), torch.randn(2, 2, 8), ctx.long() - 1,
                  torch.rand(64, 8))

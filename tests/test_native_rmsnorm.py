@@ -83,3 +83,6 @@ def test_native_rejects_mismatched_weight():
         ops().rmsnorm_native(torch.randn(3, 8), torch.randn(7), EPS)
     with pytest.raises(ValueError, match="dtype"):
         ops().rmsnorm_native(torch.randn(3, 8), torch.randn(8).bfloat16(), EPS)
+    with pytest.raises(ValueError, match="floating-point"):
+        ops().rmsnorm_native(torch.ones(3, 8, dtype=torch.int32),
+                             torch.ones(8, dtype=torch.int32), EPS)

@@ -99,6 +99,12 @@ def test_prefill_then_decode_equals_one_pass(seed):
     checks.assert_equal(torch.cat([k_pre, k_dec]), k_all, what="k")
 
 
+def test_native_refuses_integer_heads():
+    q, k = torch.ones(3, 2, 8, dtype=torch.int32), torch.ones(3, 1, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="floating-point"):
+        rope().apply_rope_native(q, k, torch.arange(3), torch.randn(MAX_POSITIONS, 8))
+
+
 @pytest.mark.parametrize("bad", [MAX_POSITIONS, -2])
 def test_native_position_outside_table(bad):
     q, k = torch.randn(3, 2, 8), torch.randn(3, 1, 8)

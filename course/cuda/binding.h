@@ -3,6 +3,7 @@
 // the kept ticket counters of the kernels whose last block merges.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -29,9 +30,14 @@ inline void check_tensor(const at::Tensor& t, const char* name, at::ScalarType d
               t.sizes());
 }
 
+// For a kernel's 16-byte loads and stores.
+inline void check_aligned(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(tvllm_aligned(t.data_ptr(), 16), name, " must be 16-byte aligned");
+}
+
 // Rows of heads for an attention kernel: [rows, n_heads, head_dim] bf16 on CUDA, each row's
-// heads contiguous, rows 16-byte aligned (a multiple of 8 apart): a view of a fused QKV
-// projection's output qualifies.
+// heads contiguous, rows 16-byte aligned (a multiple of 8 apart, unless there is one row): a
+// view of a fused QKV projection's output qualifies.
 inline void check_head_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
   TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
@@ -39,13 +45,73 @@ inline void check_head_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
               ": each row's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
               t.strides());
-  TORCH_CHECK(t.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+  TORCH_CHECK((t.size(0) <= 1 || t.stride(0) % 8 == 0) && tvllm_aligned(t.data_ptr(), 16), name,
               ": rows must be 16-byte aligned (row stride a multiple of 8, got ", t.stride(0), ")");
 }
 
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.device() == b.device(), "tensors on different devices: ", a.device(), " and ",
               b.device());
+}
+
+// What every varlen prefill attention takes (stage 07's kernel and stage 12's): q [Tq, n_heads,
+// d], k, v [Tk, n_kv, d] head rows; cu_seqlens_q, cu_seqlens_k [n_seqs + 1] int32; out q's shape,
+// contiguous and aligned; n_heads a multiple of n_kv; max_seqlen_q in [0, Tq]; scale finite.
+// The offsets themselves stay on the device (reading them would make the host wait).
+inline void check_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                    int64_t max_seqlen_q, double scale, const at::Tensor& out) {
+  check_head_rows(q, "q");
+  check_head_rows(k, "k");
+  check_head_rows(v, "v");
+  check_tensor(out, "out", at::kBFloat16, 3);
+  check_tensor(cu_seqlens_q, "cu_seqlens_q", at::kInt, 1);
+  check_tensor(cu_seqlens_k, "cu_seqlens_k", at::kInt, 1);
+  for (const at::Tensor& t : {k, v, out, cu_seqlens_q, cu_seqlens_k}) check_same_device(q, t);
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have one shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(k.size(2) == q.size(2), "q is ", q.sizes(), " so k and v must be [tokens, n_kv_heads, ",
+              q.size(2), "], got ", k.sizes());
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "n_heads (", q.size(1),
+              ") must be a multiple of n_kv_heads (", k.size(1), ")");
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
+  check_aligned(out, "out");
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
+  TORCH_CHECK(cu_seqlens_q.numel() >= 1 && cu_seqlens_k.numel() == cu_seqlens_q.numel(),
+              "cu_seqlens_q and cu_seqlens_k must both be [n_seqs + 1], got ", cu_seqlens_q.numel(),
+              " and ", cu_seqlens_k.numel(), " entries");
+  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= q.size(0), "max_seqlen_q must be in [0, ",
+              q.size(0), "], got ", max_seqlen_q);
+  TORCH_CHECK(q.size(0) < (int64_t{1} << 31) && k.size(0) < (int64_t{1} << 31),
+              "at most 2^31 - 1 tokens");
+}
+
+// What every decode attention takes (stage 09's contiguous cache and stage 14's paged one): q
+// [batch, n_heads, d] head rows; k_cache, v_cache [*, *, n_kv, d] bf16 of one shape, contiguous
+// (`layout` names their first two dimensions in messages); out q's shape; n_heads a multiple
+// of n_kv; d a multiple of 8 up to 128; out and the caches 16-byte aligned; scale finite.
+inline void check_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& out, double scale,
+                                   const char* layout) {
+  check_head_rows(q, "q");
+  check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
+  check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
+  check_tensor(out, "out", at::kBFloat16, 3);
+  for (const at::Tensor& t : {k_cache, v_cache, out}) check_same_device(q, t);
+  const int64_t n_heads = q.size(1), head_dim = q.size(2), n_kv = k_cache.size(2);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.size(3) == head_dim, "q is ", q.sizes(), " so the caches must be [", layout,
+              ", n_kv_heads, ", head_dim, "], got ", k_cache.sizes());
+  TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0, "n_heads (", n_heads,
+              ") must be a multiple of n_kv_heads (", n_kv, ")");
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim > 0 && head_dim <= 128,
+              "head_dim must be a multiple of 8, at most 128, got ", head_dim);
+  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
+  check_aligned(out, "out");
+  check_aligned(k_cache, "k_cache");
+  check_aligned(v_cache, "v_cache");
+  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
 }
 
 inline cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream().stream(); }

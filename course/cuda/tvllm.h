@@ -16,6 +16,12 @@ typedef const char* tvllm_status;
 // Blocks needed to cover n items with `per_block` items each.
 inline int64_t tvllm_ceil_div(int64_t n, int64_t per_block) { return (n + per_block - 1) / per_block; }
 
+// Whether p is a multiple of `bytes` (a power of two): vector loads and stores of that width
+// need it, so a launcher picks its wide path, or a binding refuses a tensor, by it.
+inline bool tvllm_aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 // Whether the environment variable `name` is "0": a speed-up turned off, to measure its gain
 // (TINYVLLM_PDL, TINYVLLM_GEMV_TMA).
 inline bool turned_off(const char* name) {

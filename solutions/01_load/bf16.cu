@@ -70,15 +70,11 @@ __global__ void bf16_to_fp32_kernel(const uint16_t* __restrict__ in, float* __re
 
 constexpr int kThreads = 256;
 
-__host__ inline bool aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
 // in, out: n contiguous elements each, on the device.
 tvllm_status launch_fp32_to_bf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return TVLLM_OK;
   // BEGIN SOLUTION: vec = in 16-, out 8-byte aligned; a thread per 4 elements | return "{todo}";
-  bool vec = aligned(in, 16) && aligned(out, 8);
+  bool vec = tvllm_aligned(in, 16) && tvllm_aligned(out, 8);
   int64_t blocks = tvllm_ceil_div(n, 4 * kThreads);
   fp32_to_bf16_kernel<<<blocks, kThreads, 0, stream>>>(in, out, n, vec);
   return TVLLM_OK;
@@ -88,7 +84,7 @@ tvllm_status launch_fp32_to_bf16(const float* in, uint16_t* out, int64_t n, cuda
 tvllm_status launch_bf16_to_fp32(const uint16_t* in, float* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return TVLLM_OK;
   // BEGIN SOLUTION: the same grid; vec = in 8-, out 16-byte aligned | return "{todo}";
-  bool vec = aligned(in, 8) && aligned(out, 16);
+  bool vec = tvllm_aligned(in, 8) && tvllm_aligned(out, 16);
   int64_t blocks = tvllm_ceil_div(n, 4 * kThreads);
   bf16_to_fp32_kernel<<<blocks, kThreads, 0, stream>>>(in, out, n, vec);
   return TVLLM_OK;

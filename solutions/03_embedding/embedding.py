@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from course import parts
+from course.out_buffer import fill
 from course.error_flags import error_flag
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -67,7 +68,7 @@ def embedding(ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None =
     """
     if not ids.is_cuda:
         result = embedding_native(ids, table)
-        return result if out is None else out.copy_(result)
+        return fill(out, result, "embedding")
     _check_args(ids, table)
     if table.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the CUDA embedding supports {SUPPORTED_DTYPES}, got {table.dtype}")

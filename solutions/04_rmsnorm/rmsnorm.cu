@@ -143,8 +143,6 @@ tvllm_status launch_rows(T* out, T* residual, const T* x, const T* weight, int64
   // END SOLUTION
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // 16-byte packs when the row is a whole number of them and every pointer is 16-byte aligned.
 template <typename T, bool kAdd>
 tvllm_status launch_typed(T* out, T* residual, const T* x, const T* weight, int64_t rows,
@@ -153,8 +151,8 @@ tvllm_status launch_typed(T* out, T* residual, const T* x, const T* weight, int6
   if (rows > INT32_MAX) return "more than 2^31 - 1 rows in one call";
   if (hidden <= 0) return "rows have no elements (hidden = 0)";
   constexpr int kWide = 16 / sizeof(T);
-  const bool wide = hidden % kWide == 0 && aligned16(out) && aligned16(x) && aligned16(weight) &&
-                    (!kAdd || aligned16(residual));
+  const bool wide = hidden % kWide == 0 && tvllm_aligned(out, 16) && tvllm_aligned(x, 16) &&
+                    tvllm_aligned(weight, 16) && (!kAdd || tvllm_aligned(residual, 16));
   if (wide) return launch_rows<T, kWide, kAdd>(out, residual, x, weight, rows, hidden, eps, stream);
   return launch_rows<T, 1, kAdd>(out, residual, x, weight, rows, hidden, eps, stream);
 }

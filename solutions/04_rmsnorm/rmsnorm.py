@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from course import parts
+from course.out_buffer import fill
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -26,6 +27,8 @@ def _check_args(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"weight must be [hidden] = [{x.shape[1]}], got {tuple(weight.shape)}")
     if weight.dtype != x.dtype:
         raise ValueError(f"weight is {weight.dtype} but x is {x.dtype}: give both the same dtype")
+    if not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor, got {x.dtype}")
 
 
 def rmsnorm_native(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,7 +64,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """
     if not x.is_cuda:
         result = rmsnorm_native(x, weight, eps)
-        return result if out is None else out.copy_(result)
+        return fill(out, result, "rmsnorm")
     _check_args(x, weight)
     if x.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the CUDA rmsnorm supports {SUPPORTED_DTYPES}, got {x.dtype}")

@@ -40,7 +40,11 @@ void fused_add_rmsnorm(at::Tensor& x, at::Tensor& residual, const at::Tensor& we
   tvllm::check_same_device(x, residual);
   TORCH_CHECK(residual.sizes() == x.sizes(), "residual shape ", residual.sizes(),
               " != x shape ", x.sizes());
-  TORCH_CHECK(residual.data_ptr() != x.data_ptr(), "x and residual must be different buffers");
+  const auto* xs = static_cast<const char*>(x.data_ptr());
+  const auto* rs = static_cast<const char*>(residual.data_ptr());
+  const int64_t bytes = x.numel() * x.element_size();
+  TORCH_CHECK(bytes == 0 || xs + bytes <= rs || rs + bytes <= xs,
+              "x and residual must be different buffers (they overlap)");
   c10::cuda::CUDAGuard guard(x.device());
   tvllm::check_launch(launch_fused_add_rmsnorm(x.data_ptr(), residual.data_ptr(),
                                                weight.data_ptr(), x.size(0), x.size(1),

@@ -32,6 +32,8 @@ def _check_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.dtype != k.dtype:
         raise ValueError(f"q {q.dtype} {tuple(q.shape)} and k {k.dtype} {tuple(k.shape)} must "
                          "share tokens, head_dim and dtype")
+    if not q.is_floating_point():
+        raise ValueError(f"q and k must be floating-point tensors, got {q.dtype}")
     if positions.dtype != torch.int64 or positions.shape != (q.shape[0],):
         raise ValueError(f"positions must be [tokens] = [{q.shape[0]}] int64, got "
                          f"{positions.dtype} {tuple(positions.shape)}")

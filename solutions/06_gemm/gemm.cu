@@ -78,10 +78,14 @@ tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataT
   cublasMath_t saved;
   if (cublasGetMathMode(handle, &saved) != CUBLAS_STATUS_SUCCESS)
     return "cublasGetMathMode failed";
-  cublasSetMathMode(handle, static_cast<cublasMath_t>(
-                                CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  if (cublasSetMathMode(handle, static_cast<cublasMath_t>(
+                                    CUBLAS_DEFAULT_MATH |
+                                    CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)) !=
+      CUBLAS_STATUS_SUCCESS)
+    return "cublasSetMathMode failed";
   tvllm_status status = gemm_row_major(handle, dtype, y_dtype, x, weight, y, static_cast<int>(tokens),
                                        static_cast<int>(in_features), static_cast<int>(out_features));
-  cublasSetMathMode(handle, saved);
+  if (cublasSetMathMode(handle, saved) != CUBLAS_STATUS_SUCCESS && status == TVLLM_OK)
+    status = "cublasSetMathMode failed to restore the handle's math mode";
   return status;
 }

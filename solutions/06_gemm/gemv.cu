@@ -627,29 +627,19 @@ tvllm_status launch_tma(const __nv_bfloat16* x, const __nv_bfloat16* weight, Out
 template <int kTokens, typename OutT>
 tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y, int tokens,
                     int in_features, int out_features, int pair, cudaStream_t stream) {
-  // only code built for sm_90 or later has the wait, and TINYVLLM_PDL=0 says no (pdl.cuh)
-  static const bool kernel_waits = may_launch_early(gemv_kernel<kTokens, OutT>);
   constexpr size_t smem = smem_bytes<kTokens>();
   static const int resident = resident_blocks(gemv_kernel<kTokens, OutT>, smem);
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
-  // BEGIN SOLUTION: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks; cudaLaunchKernelEx with smem bytes of dynamic shared memory, the PDL attribute when kernel_waits | return "{todo}";
+  // BEGIN SOLUTION: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks, kThreads each, smem bytes of dynamic shared memory, through launch_early (pdl.cuh: the PDL attribute where the kernel has the wait) | return "{todo}";
   if (kTokens == 1 && tma_fits<OutT>(in_features, out_features))
     return launch_tma(x, weight, y, in_features, out_features, pair, stream);
   const int64_t blocks = tvllm_ceil_div(warps, kWarps);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks < resident ? blocks : resident));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = kernel_waits ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, gemv_kernel<kTokens, OutT>, x, weight, y,
-                                             tokens, in_features, out_features, pair);
+  const cudaError_t err = launch_early(gemv_kernel<kTokens, OutT>,
+                                       dim3(static_cast<unsigned>(blocks < resident ? blocks : resident)),
+                                       dim3(kThreads), smem, stream, x, weight, y, tokens,
+                                       in_features, out_features, pair);
   return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
   // END SOLUTION
 }
@@ -673,7 +663,7 @@ bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_featu
                const void* x, const void* weight) {
   return bf16 && tokens >= 1 && tokens <= kGemvMaxTokens && in_features % 8 == 0 &&
          in_features < (int64_t{1} << 30) && out_features < (int64_t{1} << 30) &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
+         tvllm_aligned(x, 16) && tvllm_aligned(weight, 16);
 }
 
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] bf16 (y_f32 false) or float32;
@@ -716,8 +706,8 @@ bool gemv_norm_fits(int64_t in_features, int64_t out_features) {
 
 // y = rmsnorm(x + add) @ weight^T for one bf16 token, the norm as gemv_kernel_tma's prologue;
 // with inter > 0 the product is linear_silu_mul's (weight [2 inter, in], y [1, inter]).
-// x, add, sum, norm: [1, in] bf16 (add, sum may be null: no add, the sum not stored; sum never
-// x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16, or
+// x, add, sum, norm: [1, in] bf16 (add may be null: no add; sum null: the sum not stored; a
+// sum needs an add and is never x or add); weight [out, in] bf16 (out = 2 inter when paired); y [1, out or inter] bf16, or
 // float32 when y_f32 (not paired: the logits of the lm_head after the model's final norm).
 // pick (or nullptr): [1] int64, the index of y's largest value (Pick; float32 y only), also
 // stored in host's row; counters: as pick_of takes them, left at 0. gemv_norm_fits(in, out)
@@ -732,14 +722,14 @@ tvllm_status launch_gemv_norm(const void* x, const void* add, void* sum, const v
     return "gemv with RMSNorm: needs the bulk-copy GEMV (an sm_90 build, one token, "
            "in_features a multiple of 2048) and 16-byte aligned x and weight";
   if ((inter > 0 && (out_features != 2 * inter || y_f32)) ||
-      (sum != nullptr && (sum == x || sum == add)))
-    return "gemv with RMSNorm: a paired weight has 2 * inter rows and a bf16 y, and sum must be "
-           "its own buffer";
+      (sum != nullptr && (add == nullptr || sum == x || sum == add)))
+    return "gemv with RMSNorm: a paired weight has 2 * inter rows and a bf16 y, and sum (stored "
+           "only with an add) must be its own buffer";
   for (const void* p : {add, static_cast<const void*>(sum), norm})
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    if (!tvllm_aligned(p, 16))
       return "gemv with RMSNorm: add, sum and the norm's weight must be 16-byte aligned";
   if (pick != nullptr &&
-      (!y_f32 || inter > 0 || counters == nullptr || reinterpret_cast<uintptr_t>(counters) % 8 != 0))
+      (!y_f32 || inter > 0 || counters == nullptr || !tvllm_aligned(counters, 8)))
     return "gemv with RMSNorm: the greedy pick takes float32 logits of a plain projection and "
            "8-byte aligned counters";
   const Prologue pro{static_cast<const __nv_bfloat16*>(add), static_cast<__nv_bfloat16*>(sum),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from course import parts
+from course.out_buffer import fill
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or weight.dim() != 2:
@@ -32,13 +33,17 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | Non
     """y = x @ weight^T in float32, rounded once to x's dtype (what the kernel computes).
 
     x: [tokens, in], weight: [out, in], same dtype (bf16, fp16 or fp32), any device.
-    Returns y: [tokens, out] of x's dtype, written into `out` when given.
+    Returns y: [tokens, out] of out_dtype, written into `out` when given; out_dtype is x's
+    dtype, or float32 (the accumulator unrounded), as the kernel takes it: from a float32 `out`
+    when out_dtype is not given.
     """
     _check(x, weight)
-    y = (x.float() @ weight.float().t()).to(out_dtype or x.dtype)
-    if out is None:
-        return y
-    return out.copy_(y)
+    if out_dtype is None:
+        out_dtype = torch.float32 if out is not None and out.dtype == torch.float32 else x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"linear: out_dtype must be x's dtype ({x.dtype}) or torch.float32, "
+                         f"got {out_dtype}")
+    return fill(out, (x.float() @ weight.float().t()).to(out_dtype), "linear")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,

@@ -1,6 +1,4 @@
 // torch.ops.tinyvllm.prefill_attention: checks, then attention.cu (no host reads: graph-safe).
-#include <cmath>
-
 #include "binding.h"
 
 tvllm_status launch_prefill_attention(const void* q, const void* k, const void* v, void* out,
@@ -21,29 +19,7 @@ namespace {
 void prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                        int64_t max_seqlen_q, double scale, at::Tensor& out, int64_t smem_limit) {
-  tvllm::check_head_rows(q, "q");
-  tvllm::check_head_rows(k, "k");
-  tvllm::check_head_rows(v, "v");
-  tvllm::check_tensor(out, "out", at::kBFloat16, 3);
-  tvllm::check_tensor(cu_seqlens_q, "cu_seqlens_q", at::kInt, 1);
-  tvllm::check_tensor(cu_seqlens_k, "cu_seqlens_k", at::kInt, 1);
-  for (const at::Tensor& t : {k, v, out, cu_seqlens_q, cu_seqlens_k}) tvllm::check_same_device(q, t);
-  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have one shape, got ", k.sizes(), " and ",
-              v.sizes());
-  TORCH_CHECK(k.size(2) == q.size(2), "q is ", q.sizes(), " so k and v must be [tokens, n_kv_heads, ",
-              q.size(2), "], got ", k.sizes());
-  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "n_heads (", q.size(1),
-              ") must be a multiple of n_kv_heads (", k.size(1), ")");
-  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0, "out must be 16-byte aligned");
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
-  TORCH_CHECK(cu_seqlens_q.numel() >= 1 && cu_seqlens_k.numel() == cu_seqlens_q.numel(),
-              "cu_seqlens_q and cu_seqlens_k must both be [n_seqs + 1], got ", cu_seqlens_q.numel(),
-              " and ", cu_seqlens_k.numel(), " entries");
-  TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_q <= q.size(0), "max_seqlen_q must be in [0, ",
-              q.size(0), "], got ", max_seqlen_q);
-  TORCH_CHECK(q.size(0) < (int64_t{1} << 31) && k.size(0) < (int64_t{1} << 31),
-              "at most 2^31 - 1 tokens");
+  tvllm::check_prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, out);
   TORCH_CHECK(smem_limit >= -1, "smem_limit must be bytes (>= 0) or -1 for the GPU's limit, got ",
               smem_limit);
 

@@ -67,8 +67,7 @@ tvllm_status launch_silu_mul(const __nv_bfloat16* x, __nv_bfloat16* out, int64_t
                              int64_t inter, cudaStream_t stream) {
   if (rows == 0 || inter == 0) return TVLLM_OK;
   // BEGIN SOLUTION: packs of 8 if inter % 8 == 0 and 16-byte aligned, else of 1 | return "{todo}";
-  const bool vec8 = inter % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const bool vec8 = inter % 8 == 0 && tvllm_aligned(x, 16) && tvllm_aligned(out, 16);
   const int64_t threads_needed = rows * inter / (vec8 ? 8 : 1);
   const int64_t blocks = tvllm_ceil_div(threads_needed, kThreads);
   if (vec8) {

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from course import ops, parts
+from course.out_buffer import fill
 
 linear = ops.get("linear")   # stage 06's, looked up once (linear_silu_mul runs every layer)
 
@@ -52,7 +53,7 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """
     if not x.is_cuda:
         result = silu_mul_native(x)
-        return result if out is None else out.copy_(result)
+        return fill(out, result, "silu_mul")
     _split(x)
     if x.dtype != torch.bfloat16:
         raise ValueError(f"the CUDA silu_mul supports bfloat16, got {x.dtype}")

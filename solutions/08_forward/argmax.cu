@@ -194,7 +194,7 @@ static tvllm_status launch_argmax(const T* logits, int64_t* out, int64_t rows, i
   if (vocab <= 0 || vocab >= INT_MAX / 2) return "vocab size out of range";
   // BEGIN SOLUTION: 16-byte packs if rows aligned; argmax_pieces(rows, vocab, pack width, &span); rows * pieces blocks of kThreads (<<<...>>>, or launch_early: pdl.cuh), host passed on | return "{todo}";
   constexpr int kVec = 16 / sizeof(T);
-  const bool packed = vocab % kVec == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  const bool packed = vocab % kVec == 0 && tvllm_aligned(logits, 16);
   int span = 0;
   const int pieces = argmax_pieces(rows, vocab, packed ? kVec : 1, &span);
   if (pieces > 1 && (partial == nullptr || tickets == nullptr)) {

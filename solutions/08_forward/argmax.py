@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from course import parts
+from course.out_buffer import fill
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -55,7 +56,7 @@ def argmax(logits: torch.Tensor, out: torch.Tensor | None = None,
             slot = int(host_slot[0])
             if 0 <= slot < host.shape[0]:
                 host[slot, : result.shape[0]] = result
-        return result if out is None else out.copy_(result)
+        return fill(out, result, "argmax")
     _check(logits)
     if logits.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"the CUDA argmax supports {SUPPORTED_DTYPES}, got {logits.dtype}")

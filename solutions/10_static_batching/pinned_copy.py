@@ -15,8 +15,8 @@ def copy_pinned(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """dst.copy_(src, non_blocking=True), queued on the current stream; returns dst.
 
     dst, src: contiguous, the same dtype and size, one on a CUDA device and the other pinned
-    CPU memory (or both on the device), a whole number of 8-byte words: then a kernel copies.
-    Anything else (a CPU run, an odd size) goes to copy_. Like a non-blocking copy_, the host
+    CPU memory, a whole number of 8-byte words: then a kernel copies. Anything else (a CPU run,
+    two device tensors, an odd size) goes to copy_. Like a non-blocking copy_, the host
     side must not be rewritten before the GPU has run the copy (an event, or the caller's
     double buffering, says when).
     """

@@ -4,7 +4,6 @@
 // can be captured in a CUDA graph; the workspace then comes from the graph's private memory
 // pool, the tickets from a buffer kept for the process (tvllm::tickets, binding.h).
 // torch.ops.tinyvllm.paged_attention_partition_keys: that split-K choice alone (tests, benches).
-#include <cmath>
 #include <limits>
 
 #include <ATen/ops/empty.h>
@@ -53,38 +52,19 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
                             const std::optional<at::Tensor>& v_new,
                             const std::optional<at::Tensor>& positions,
                             const std::optional<at::Tensor>& cos_sin) {
-  tvllm::check_head_rows(q, "q");
-  struct Expected { const at::Tensor& t; const char* name; at::ScalarType dtype; int64_t dim; };
-  for (const Expected& e : {Expected{k_cache, "k_cache", at::kBFloat16, 4},
-                            Expected{v_cache, "v_cache", at::kBFloat16, 4},
-                            Expected{block_tables, "block_tables", at::kInt, 2},
-                            Expected{context_lens, "context_lens", at::kInt, 1},
-                            Expected{out, "out", at::kBFloat16, 3}}) {
-    tvllm::check_tensor(e.t, e.name, e.dtype, e.dim);  // CUDA, dtype, contiguous, dims
-    tvllm::check_same_device(q, e.t);
-  }
-
+  tvllm::check_decode_attention(q, k_cache, v_cache, out, scale, "num_blocks, block_size");
+  tvllm::check_tensor(block_tables, "block_tables", at::kInt, 2);
+  tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
+  tvllm::check_same_device(q, block_tables);
+  tvllm::check_same_device(q, context_lens);
   const int64_t batch = q.size(0), n_heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
-              k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK(k_cache.size(3) == head_dim, "q is ", q.sizes(), " so the caches must be "
-              "[num_blocks, block_size, n_kv_heads, ", head_dim, "], got ", k_cache.sizes());
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), n_kv = k_cache.size(2);
-  TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0, "n_heads (", n_heads,
-              ") must be a multiple of n_kv_heads (", n_kv, ")");
-  TORCH_CHECK(head_dim % 8 == 0 && head_dim > 0 && head_dim <= 128,
-              "head_dim must be a multiple of 8, at most 128, got ", head_dim);
   TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
               "block_size (k_cache.size(1)) must be a power of two, got ", block_size);
   TORCH_CHECK(block_tables.size(0) == batch && context_lens.size(0) == batch,
               "block_tables must be [", batch, ", max_blocks] and context_lens [", batch,
               "] (one row per sequence of q), got ", block_tables.sizes(), " and ",
               context_lens.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
-  for (const at::Tensor& t : {out, k_cache, v_cache})  // 16-byte loads and stores
-    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-                "out, k_cache and v_cache must be 16-byte aligned");
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
   TORCH_CHECK(split >= -1 && split <= 1, "split must be -1 (decide), 0 (never) or 1 (always), got ",
               split);
   TORCH_CHECK(max_context >= -1, "max_context must be -1 (from the block table) or >= 0, got ",
@@ -110,6 +90,7 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
                 "stride (views of one QKV row), got ", k_new->stride(0), " and ", v_new->stride(0));
     tvllm::check_tensor(*positions, "positions", at::kLong, 1);
     tvllm::check_tensor(*cos_sin, "cos_sin", at::kFloat, 2);
+    tvllm::check_aligned(*cos_sin, "cos_sin");  // rows read 16 bytes at a time
     tvllm::check_same_device(q, *positions);
     tvllm::check_same_device(q, *cos_sin);
     TORCH_CHECK(positions->size(0) == batch && cos_sin->size(1) == head_dim,

@@ -45,10 +45,6 @@ __global__ void bf16_to_fp32_kernel(const uint16_t* __restrict__ in, float* __re
 
 constexpr int kThreads = 256;
 
-__host__ inline bool aligned(const void* p, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
-
 // in, out: n contiguous elements each, on the device.
 tvllm_status launch_fp32_to_bf16(const float* in, uint16_t* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return TVLLM_OK;

@@ -63,8 +63,6 @@ tvllm_status launch_rows(T* q, T* k, const int64_t* positions, const float* cos_
   return "TODO stage 05: one block per token; threads: a multiple of 32 covering (q_heads + k_heads) * chunks, at most 256 (about 6 lines)";
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 // 16-byte packs when every row, head and half-head starts on a 16-byte boundary.
 template <typename T>
 tvllm_status launch_typed(T* q, T* k, const int64_t* positions, const float* cos_sin, int* error,
@@ -72,8 +70,8 @@ tvllm_status launch_typed(T* q, T* k, const int64_t* positions, const float* cos
                           int k_heads, int head_dim, int64_t max_positions, cudaStream_t stream) {
   constexpr int kWide = 16 / sizeof(T);
   const bool wide = (head_dim / 2) % kWide == 0 && q_stride % kWide == 0 &&
-                    k_stride % kWide == 0 && aligned(q, 16) && aligned(k, 16) &&
-                    aligned(cos_sin, kWide * sizeof(float));
+                    k_stride % kWide == 0 && tvllm_aligned(q, 16) && tvllm_aligned(k, 16) &&
+                    tvllm_aligned(cos_sin, kWide * sizeof(float));
   if (wide) {
     return launch_rows<T, kWide>(q, k, positions, cos_sin, error, tokens, q_stride, k_stride,
                                  q_heads, k_heads, head_dim, max_positions, stream);

@@ -4,8 +4,6 @@
 // torch.ops.tinyvllm.decode_attention: checks (shapes, dtypes, devices only), then
 // decode_attention.cu. It reads no device memory on the host (no seq_slots or context_lens
 // values), so a decode step that calls it can be captured in a CUDA graph.
-#include <cmath>
-
 #include "binding.h"
 
 tvllm_status launch_decode_attention(const void* q, const void* k_cache, const void* v_cache,
@@ -22,34 +20,16 @@ void decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const at::Tensor& seq_slots, const at::Tensor& context_lens, double scale,
                       at::Tensor& out) {
   // q may be a view of a fused QKV tensor: heads contiguous inside a row, rows further apart.
-  tvllm::check_head_rows(q, "q");
-  tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
-  tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
+  tvllm::check_decode_attention(q, k_cache, v_cache, out, scale, "num_slots, max_len");
   tvllm::check_tensor(seq_slots, "seq_slots", at::kInt, 1);
   tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
-  tvllm::check_tensor(out, "out", at::kBFloat16, 3);
-  for (const at::Tensor& t : {k_cache, v_cache, seq_slots, context_lens, out})
-    tvllm::check_same_device(q, t);
-
+  tvllm::check_same_device(q, seq_slots);
+  tvllm::check_same_device(q, context_lens);
   const int64_t batch = q.size(0), n_heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache must have one shape, got ",
-              k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK(k_cache.size(3) == head_dim, "q is ", q.sizes(), " so the caches must be [num_slots, "
-              "max_len, n_kv_heads, ", head_dim, "], got ", k_cache.sizes());
   const int64_t n_kv = k_cache.size(2);
-  TORCH_CHECK(n_kv > 0 && n_heads % n_kv == 0, "n_heads (", n_heads,
-              ") must be a multiple of n_kv_heads (", n_kv, ")");
-  TORCH_CHECK(head_dim % 8 == 0 && head_dim > 0 && head_dim <= 128,
-              "head_dim must be a multiple of 8, at most 128, got ", head_dim);
   TORCH_CHECK(seq_slots.size(0) == batch && context_lens.size(0) == batch,
               "seq_slots and context_lens must be [", batch, "] (one per sequence of q), got ",
               seq_slots.sizes(), " and ", context_lens.sizes());
-  TORCH_CHECK(out.sizes() == q.sizes(), "out must be ", q.sizes(), ", got ", out.sizes());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
-              "out, k_cache and v_cache must be 16-byte aligned");
-  TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);
   TORCH_CHECK(batch < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) &&
                   k_cache.size(1) < (int64_t{1} << 31),
               "at most 2^31 - 1 sequences, cache slots and positions");

@@ -42,7 +42,7 @@ __global__ void pinned_copy_kernel(uint64_t* __restrict__ dst, const uint64_t* _
 // memory that the device can address (the binding checks which).
 tvllm_status launch_pinned_copy(void* dst, const void* src, int64_t words, cudaStream_t stream) {
   if (words <= 0) return TVLLM_OK;
-  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 8 != 0)
+  if (!tvllm_aligned(dst, 8) || !tvllm_aligned(src, 8))
     return "both buffers must be 8-byte aligned";
   const int64_t blocks = tvllm_ceil_div(words, kThreads);
   pinned_copy_kernel<<<static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks), kThreads,

@@ -21,26 +21,13 @@ tvllm_status launch_rope_cache_write(void* q, void* k, const void* v, void* k_ca
 
 namespace {
 
-// k and v may be views of a fused QKV tensor: heads contiguous inside a row, rows further apart.
-void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got one on ", t.device());
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, name, " must be bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.dim() == 3, name, " must be [tokens, n_kv_heads, head_dim], got shape ", t.sizes());
-  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == t.size(2), name,
-              ": each token's heads must be contiguous (strides [*, head_dim, 1]), got strides ",
-              t.strides());
-  TORCH_CHECK((t.size(0) <= 1 || t.stride(0) % 8 == 0) &&
-                  reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
-              name, ": rows must be 16-byte aligned (row stride a multiple of 8, got ",
-              t.stride(0), ")");
-}
-
 // The checks both ops share. k, v: [T, n_kv, d] bf16; k_cache, v_cache: [num_blocks,
 // block_size, n_kv, d] bf16; slot_mapping: [T] int64 (flat cache rows; -1 = skip).
 void check_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                  const at::Tensor& v_cache, const at::Tensor& slot_mapping) {
-  check_rows(k, "k");
-  check_rows(v, "v");
+  // k and v may be views of a fused QKV tensor: heads contiguous inside a row, rows further apart
+  tvllm::check_head_rows(k, "k");
+  tvllm::check_head_rows(v, "v");
   tvllm::check_tensor(k_cache, "k_cache", at::kBFloat16, 4);
   tvllm::check_tensor(v_cache, "v_cache", at::kBFloat16, 4);
   tvllm::check_tensor(slot_mapping, "slot_mapping", at::kLong, 1);
@@ -56,9 +43,8 @@ void check_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_c
               k.size(2));
   TORCH_CHECK(slot_mapping.size(0) == k.size(0), "slot_mapping must be [", k.size(0),
               "] (one slot per token of k), got ", slot_mapping.sizes());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(k_cache.data_ptr()) % 16 == 0 &&
-                  reinterpret_cast<uintptr_t>(v_cache.data_ptr()) % 16 == 0,
-              "k_cache and v_cache must be 16-byte aligned");
+  tvllm::check_aligned(k_cache, "k_cache");
+  tvllm::check_aligned(v_cache, "v_cache");
 }
 
 // A row's stride, or the row's length when there is one row (any stride is fine then).
@@ -85,7 +71,7 @@ void rope_cache_write(at::Tensor& q, at::Tensor& k, const at::Tensor& v, const a
                       const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
                       const at::Tensor& slot_mapping) {
   check_write(k, v, k_cache, v_cache, slot_mapping);
-  check_rows(q, "q");
+  tvllm::check_head_rows(q, "q");
   tvllm::check_tensor(positions, "positions", at::kLong, 1);
   tvllm::check_tensor(cos_sin, "cos_sin", at::kFloat, 2);
   for (const at::Tensor& t : {q, positions, cos_sin}) tvllm::check_same_device(k, t);

@@ -41,7 +41,7 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          f"[num_blocks, block_size, n_kv_heads, head_dim], got {tuple(q.shape)}, "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     batch, n_heads, head_dim = q.shape
-    if k_cache.shape[3] != head_dim or n_heads % k_cache.shape[2]:
+    if k_cache.shape[3] != head_dim or k_cache.shape[2] == 0 or n_heads % k_cache.shape[2]:
         raise ValueError(f"paged attention: q {tuple(q.shape)} does not match the caches "
                          f"{tuple(k_cache.shape)} (head_dim, and n_heads a multiple of n_kv_heads)")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch \
@@ -90,10 +90,15 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     head_dim]; block_tables: [batch, max_blocks] int; context_lens: [batch] int (0: a padding
     row, its output is zeros). Returns [batch, n_heads, head_dim], into `out` when given.
     max_context: no context may be longer (the kernel's contract); split and partition are the
-    kernel's (accepted here so both take the same arguments: the math does not depend on them).
+    kernel's, checked as it checks them (the math does not depend on them).
     new_token: see the top (write_new_token).
     """
     _check(q, k_cache, v_cache, block_tables, context_lens)
+    if partition is not None and (partition < 0 or partition % 16 or partition > 1 << 20
+                                  or (partition and split is False)):
+        raise ValueError(f"paged attention: partition must be a multiple of 16 keys up to 2^20 "
+                         f"(0: the kernel's), and not with split=False, got {partition} "
+                         f"(split={split})")
     tables, lens = block_tables.tolist(), context_lens.tolist()
     if max_context is not None and any(n > max_context for n in lens):
         raise ValueError(f"paged attention: a context length in {lens} exceeds "
