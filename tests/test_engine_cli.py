@@ -45,13 +45,15 @@ def tiny_dir(tmp_path_factory) -> Path:
     return d
 
 
-def write_word_tokenizer(directory: Path) -> None:
+def write_word_tokenizer(directory: Path, extra: dict[str, int] | None = None) -> None:
     """A minimal tokenizer.json: whole words, ChatML's special tokens (ids 1 and 2, so that
-    config.json's eos_token_id=2 is <|im_end|>), unknown words -> [UNK]."""
+    config.json's eos_token_id=2 is <|im_end|>), unknown words -> [UNK]; `extra` adds words at
+    ids of their own."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "What",
              "is", "the", "capital", "of", "France", "?", "Paris", "."]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    vocab = {w: i for i, w in enumerate(words)} | (extra or {})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     tok.save(str(directory / "tokenizer.json"))
@@ -91,6 +93,90 @@ def test_the_python_api_says_what_sampling_must_be(tmp_path, tiny_dir):
     with pytest.raises(TypeError, match="from_dict"):
         llm.engine.add_request([5, 6], {"max_tokens": 2})
     assert not llm.engine.requests, "nothing was queued"
+
+
+def test_rope_parameters_and_rope_scaling_that_disagree(capsys, tmp_path, tiny_dir):
+    """The engine reads rope_parameters; transformers may take rope_scaling. Two different
+    rotations must not load silently (the same one twice is fine)."""
+    params = {"rope_type": "default", "rope_theta": 10000.0}
+    d = copy_model(tiny_dir, tmp_path / "two", {"rope_parameters": params,
+                                               "rope_scaling": {"rope_type": "yarn", "factor": 4}})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, "config.json", "disagree")
+    d = copy_model(tiny_dir, tmp_path / "same", {"rope_parameters": params,
+                                                "rope_scaling": {"type": "default"}})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--max-tokens", "1")
+    assert code == 0, err
+
+
+def test_a_tokenizer_with_ids_the_model_lacks(capsys, tmp_path, tiny_dir):
+    """A tokenizer.json that encodes an id beyond the model's vocab_size: the prompt that
+    holds it is one error naming the mismatch (it was an IndexError traceback, or with
+    --prompts the loss of every prompt); the others still run."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    vocab = json.loads((d / "config.json").read_text())["vocab_size"]
+    write_word_tokenizer(d, {"zebra": vocab + 3})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--raw", "zebra")
+    assert_one_line_error(code, err, f"token id {vocab + 3}", "does not match the model")
+    (tmp_path / "p.txt").write_text("What is\nzebra\nParis\n")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--raw", "--json",
+                              "--max-tokens", "2", "--prompts", str(tmp_path / "p.txt"))
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 2 and len(rows) == 3, (code, out, err)
+    assert "output_ids" in rows[0] and "output_ids" in rows[2], "the good prompts must run"
+    assert "prompt 2 (line 2)" in rows[1]["error"] and "does not match" in rows[1]["error"]
+
+
+def test_prompt_files_split_at_newlines_only(capsys, tmp_path, tiny_dir):
+    """U+2028 inside a prompt (valid in JSON) once split one request into two broken ones; a
+    byte-order mark made line 1 'not JSON'; a .JSONL file was read as plain text."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    rows = [json.dumps({"prompt": "What\u2028is", "max_tokens": 1}, ensure_ascii=False),
+            json.dumps({"prompt": "Paris\x85.", "max_tokens": 1}, ensure_ascii=False)]
+    (tmp_path / "r.JSONL").write_text("\ufeff" + "\r\n".join(rows) + "\r\n", encoding="utf-8")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--json", "--raw",
+                              "--prompts", str(tmp_path / "r.JSONL"))
+    got = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(got) == 2 and all("output_ids" in r for r in got), (out, err)
+    (tmp_path / "p.txt").write_text("What\u2028is the capital\n", encoding="utf-8")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--raw",
+                              "--max-tokens", "1", "--prompts", str(tmp_path / "p.txt"))
+    assert code == 0 and out.count("### ") == 1, "one line, one prompt"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_num_seqs", 0), ("max_num_seqs", 1.5), ("max_model_len", "64"), ("max_model_len", True),
+    ("block_size", 2.5), ("max_num_batched_tokens", -5), ("kv_cache_gib", float("nan")),
+    ("kv_cache_gib", float("inf")), ("gpu_memory_utilization", 1.5),
+    ("chunked_prefill", "no"), ("paged", 1),
+])
+def test_engine_config_names_a_bad_field(field, value):
+    """Each was a torch error about a tensor's size, a NaN conversion, a cache that 'does not
+    hold one sequence', or silently accepted."""
+    from solutions.engine.model_runner import EngineConfig
+    with pytest.raises(ValueError, match=f"EngineConfig.{field} must be"):
+        EngineConfig(**{field: value})
+
+
+def test_the_python_api_refuses_what_is_no_prompt(tiny_dir):
+    from solutions.engine.llm import LLM
+    llm = LLM(tiny_dir, device="cpu", load_tokenizer=False)
+    assert llm.generate([]) == [], "no prompts, no replies"
+    for wrong, needle in ((None, "got NoneType"), (5, "got int"), ([1.5, 5], "got float")):
+        with pytest.raises(TypeError, match=needle):
+            llm.generate(wrong)
+    with pytest.raises(TypeError, match="integers only"):
+        llm.generate([[5, 2.5]])
+    with pytest.raises(ValueError, match="without a tokenizer"):
+        llm.generate([5, 6], max_tokens=2, stop="x")
+    for dtype in ("int8", "bool", "float16x"):
+        with pytest.raises(ValueError, match="bfloat16' or 'float32"):
+            LLM(tiny_dir, device="cpu", dtype=dtype, load_tokenizer=False)
+    stream = llm.stream([5, 6, 7], max_tokens=2)
+    list(stream)
+    first = stream.result
+    assert first is not None and list(stream) == [] and stream.result is first, \
+        "a second iteration yields nothing and keeps the result"
 
 
 def test_missing_model_directory(capsys, tmp_path):
@@ -260,8 +346,8 @@ def test_bad_jsonl_lines_are_reported_in_place(capsys, tmp_path, tiny_dir):
     rows = [json.loads(line) for line in out.splitlines()]
     assert len(rows) == len(lines), "one JSON line per input line, in input order"
     assert len(rows[0]["output_ids"]) <= 2 and len(rows[5]["output_ids"]) <= 3
-    assert "line 2 is not JSON" in rows[1]["error"]
-    assert '"prompt" string' in rows[2]["error"] and "line 4" in rows[3]["error"]
+    assert "prompt 2 (line 2): not JSON" in rows[1]["error"]
+    assert '"prompt" string' in rows[2]["error"] and "(line 4)" in rows[3]["error"]
     assert "temprature" in rows[4]["error"]
     assert [line.split(":")[0] for line in err.strip().splitlines()] == ["error"] * 4
     assert "Traceback" not in err

@@ -138,3 +138,28 @@ def test_requests_admitted_in_consecutive_prefill_steps_share_a_prefix(tiny):
     assert stats.hit_tokens == 2 * 32, (
         f"the 2nd and 3rd requests should each find the 32 prefix tokens (4 blocks of 8) "
         f"cached; {stats.hit_tokens} prompt tokens were hits")
+
+
+@pytest.mark.parametrize("paged_cache", [True, False], ids=["paged", "contiguous"])
+def test_one_token_chunks_of_prompts_are_not_decodes(tiny, paged_cache):
+    """A token budget of 2 splits a 4-token prompt, beside a 1-token one, into steps of one new
+    token per sequence: the shape of a decode step. Each step must feed the sequence's first
+    uncached token, not its newest (the engine once fed the prompt's last token at every
+    position); greedy outputs then equal running each request alone."""
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    SamplingParams = parts.load("11", "sampling_params").SamplingParams
+    prompts = [[5], [10, 20, 30, 40], [7, 8, 9]]
+    for budget in (2, 3):
+        engine = LLMEngine(new_model(tiny), None, (), EngineConfig(
+            paged=paged_cache, max_model_len=64, max_num_batched_tokens=budget))
+        rids = [engine.add_request(p, SamplingParams(max_tokens=6)) for p in prompts]
+        got = {rid: [] for rid in rids}
+        while engine.has_unfinished():
+            for out in engine.step():
+                got[out.request_id] += out.new_token_ids
+        for p, rid in zip(prompts, rids):
+            alone = kv().generate_greedy(new_model(tiny), p, 6)
+            assert got[rid] == alone, (
+                f"budget {budget}: prompt {p} gave {got[rid]}, alone {alone}: a step of one "
+                f"new token per sequence must read each one's first uncached token")

@@ -80,10 +80,12 @@ def one_line(error: BaseException) -> str:
         or type(error).__name__
 
 
-def read_prompts(path: str) -> list[tuple[str, dict] | ValueError]:
-    """(prompt, sampling overrides) per line of a prompts file; blank lines are skipped. A
-    malformed .jsonl line is a ValueError in its place: a bad request, reported while the
-    others run. ValueError if the file is not UTF-8 or holds no prompt at all."""
+def read_prompts(path: str) -> list[tuple[int, tuple[str, dict] | ValueError]]:
+    """(line number, (prompt, sampling overrides)) per line of a prompts file; blank lines
+    are skipped. Lines end at "\n" only (a prompt may hold U+2028 and its kin, which
+    str.splitlines would break it at); a leading byte-order mark is dropped. A malformed
+    .jsonl line is a ValueError in its place: a bad request, reported while the others run.
+    ValueError if the file is not UTF-8 or holds no prompt at all."""
     name = "stdin" if path == "-" else path
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
@@ -91,24 +93,26 @@ def read_prompts(path: str) -> list[tuple[str, dict] | ValueError]:
         raise ValueError(f"{name} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:   # missing, a folder, unreadable: the flag and the reason, one line
         raise ValueError(f"--prompts {name}: {e.strerror or e}") from None
-    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    text = text.removeprefix("\ufeff")
+    lines = [(n, line.removesuffix("\r")) for n, line in enumerate(text.split("\n"), 1)
+             if line.strip()]
     if not lines:
         # Checked before the model loads: an empty file is a mistake, not zero answers.
         raise ValueError(f"{name} holds no prompts (it is empty or every line is blank)")
-    if not path.endswith(".jsonl"):
-        return [(line, {}) for _, line in lines]
-    out: list[tuple[str, dict] | ValueError] = []
+    if not path.lower().endswith(".jsonl"):
+        return [(n, (line, {})) for n, line in lines]
+    out: list[tuple[int, tuple[str, dict] | ValueError]] = []
     for n, line in lines:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            out.append(ValueError(f"{name} line {n} is not JSON: {e}"))
+            out.append((n, ValueError(f"not JSON: {e}")))
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            out.append(ValueError(f'{name} line {n} must be an object with a "prompt" string'))
+            out.append((n, ValueError('it must be an object with a "prompt" string')))
             continue
         prompt = obj.pop("prompt")
-        out.append((prompt, obj))
+        out.append((n, (prompt, obj)))
     return out
 
 
@@ -157,20 +161,21 @@ def as_json(r: GenerationResult) -> str:
                        "finish_reason": r.finish_reason}, ensure_ascii=False)
 
 
-def run_many(llm: LLM, many: list[tuple[str, dict] | ValueError], base: dict,
+def run_many(llm: LLM, many: list[tuple[int, tuple[str, dict] | ValueError]], base: dict,
              args: argparse.Namespace, params_type: type[SamplingParams]) -> int:
-    """Every valid request of the file runs in one batch; a bad one is reported in its place."""
+    """Every valid request of the file runs in one batch; a bad one is reported in its place,
+    by its prompt number and its line in the file."""
     good, errors = [], {}
-    for i, item in enumerate(many):
+    for i, (line, item) in enumerate(many):
         try:
             if isinstance(item, ValueError):     # a malformed .jsonl line (read_prompts)
                 raise item
             prompt, overrides = item
             params = params_type.from_dict({**base, **overrides})
             good.append((i, llm.prepare(prompt, args.raw), params))
-        except ValueError as e:
-            errors[i] = one_line(e)
-            print(f"error: prompt {i + 1}: {errors[i]}", file=sys.stderr)
+        except (ValueError, TypeError) as e:
+            errors[i] = f"prompt {i + 1} (line {line}): {one_line(e)}"
+            print(f"error: {errors[i]}", file=sys.stderr)
     results = dict(zip((i for i, _, _ in good),
                        llm.generate([p for _, p, _ in good], [sp for _, _, sp in good])
                        if good else []))

@@ -15,6 +15,7 @@ through the parts resolver, so with TINYVLLM_STUDENT=NN the engine runs a studen
 """
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ class TextStream:
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
-        self.result = yield from self._pieces
+        result = yield from self._pieces
+        if result is not None:   # a second iteration yields nothing and keeps the result
+            self.result = result
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -78,8 +81,8 @@ def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     found = getattr(torch, str(dtype), None)
-    if not isinstance(found, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r} (use 'bfloat16' or 'float32')")
+    if found not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
     return found
 
 
@@ -138,25 +141,36 @@ class LLM:
         """Token ids of a prompt: a string (wrapped in the chat template unless raw), a list
         of chat messages [{"role": ..., "content": ...}], or token ids (used as they are)."""
         is_text = isinstance(prompt, str)
+        if not is_text and (not isinstance(prompt, Sequence) or isinstance(prompt, bytes)):
+            raise TypeError(f"a prompt is a string, a list of chat messages or a list of token "
+                            f"ids, got {type(prompt).__name__}")
         is_chat = not is_text and len(prompt) > 0 and isinstance(prompt[0], dict)
         if is_text or is_chat:
             if self.tokenizer is None:
                 raise ValueError(f"{self.model_dir} was loaded without a tokenizer: pass "
                                  "token ids, not text")
             if is_text and raw:
-                return self.tokenizer.encode(prompt, add_special_tokens=True)
-            fmt = self.tokenizer.chat_format
-            if fmt is None:
-                raise ValueError(f"the tokenizer in {self.model_dir} has no known chat format "
-                                 "(llama3 or chatml): use a raw prompt (--raw)")
-            messages = [{"role": "user", "content": prompt}] if is_text else list(prompt)
-            text = parts.load("02", "chat_template").apply_chat_template(messages, fmt)
-            return self.tokenizer.encode(text, add_special_tokens=False)
-        ids = [int(t) for t in prompt]
+                ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+            else:
+                fmt = self.tokenizer.chat_format
+                if fmt is None:
+                    raise ValueError(f"the tokenizer in {self.model_dir} has no known chat "
+                                     "format (llama3 or chatml): use a raw prompt (--raw)")
+                messages = [{"role": "user", "content": prompt}] if is_text else list(prompt)
+                text = parts.load("02", "chat_template").apply_chat_template(messages, fmt)
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            try:
+                ids = [operator.index(t) for t in prompt]   # 1.5 is no token id
+            except TypeError:
+                raise TypeError("a list of token ids holds integers only, got "
+                                f"{[type(t).__name__ for t in prompt]}") from None
+        # text too: a tokenizer.json larger than the model's vocabulary encodes ids it lacks
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary "
-                             f"(0..{self.config.vocab_size - 1})")
+            mismatch = ": the tokenizer does not match the model" if is_text or is_chat else ""
+            raise ValueError(f"token id {bad[0]} is outside the model's vocabulary "
+                             f"(0..{self.config.vocab_size - 1}){mismatch}")
         return ids
 
     def prepare(self, prompt: Prompt, raw: bool = False) -> list[int]:
@@ -181,6 +195,8 @@ class LLM:
         raw: no chat template (each string is the whole prompt).
         Every prompt and parameter is checked before anything runs (ValueError naming it).
         """
+        if isinstance(prompts, (list, tuple)) and not prompts:
+            return []   # no prompts, no replies ("" or [[]] is an empty prompt: an error)
         single = _is_one_prompt(prompts)
         batch = [prompts] if single else list(prompts)
         params = self._params(sampling, options, len(batch))
@@ -282,14 +298,14 @@ class LLM:
                 "llm.engine.step() until they finish (or abort them) before generate() or "
                 "stream(), which step the whole engine and would take their outputs")
 
-    @staticmethod
-    def _params(sampling, options: dict, n: int) -> list[SamplingParams]:
+    def _params(self, sampling: SamplingParams | Sequence[SamplingParams] | None,
+                options: dict, n: int) -> list[SamplingParams]:
         if sampling is not None and options:
             raise ValueError("pass either a SamplingParams or its fields as keywords, not both")
         if sampling is None:
-            return [SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **options})] * n
+            sampling = SamplingParams(**{"max_tokens": DEFAULT_MAX_TOKENS, **options})
         if isinstance(sampling, SamplingParams):
-            return [sampling] * n
+            sampling = [sampling] * n
         if isinstance(sampling, (str, bytes, dict)) or not isinstance(sampling, Sequence):
             raise TypeError(f"sampling must be a SamplingParams or a list of them, one per "
                             f"prompt; got {type(sampling).__name__}")
@@ -300,6 +316,9 @@ class LLM:
                             f"holds a {wrong[0]}")
         if len(sampling) != n:
             raise ValueError(f"{len(sampling)} sampling parameters for {n} prompts")
+        if self.tokenizer is None and any(s.stop for s in sampling):
+            raise ValueError("stop strings are matched in the text, and this LLM was loaded "
+                             "without a tokenizer (load_tokenizer=False): it has no text")
         return sampling
 
 

@@ -28,6 +28,7 @@ step's ids row and into the pinned slot the step was given (TokenMailbox.reserve
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,6 +146,34 @@ class EngineConfig:
     enable_prefix_caching: bool = True
 
     DEFAULT_MAX_MODEL_LEN = 4096
+
+    def __post_init__(self) -> None:
+        # Checked here, in one sentence each: a wrong kind or a 0 would otherwise surface as
+        # a torch error about a tensor's size, or as a cache that "holds no sequence".
+        def whole(name: str, value: object, least: int = 1) -> None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"EngineConfig.{name} must be an integer >= {least}, got "
+                                 f"{value!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            whole(name, getattr(self, name))
+        if self.max_model_len is not None:
+            whole("max_model_len", self.max_model_len)
+        for name in ("gpu_memory_utilization", "kv_cache_gib"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be a finite number > 0, got "
+                                 f"{value!r}")
+        if self.gpu_memory_utilization > 1:
+            raise ValueError(f"EngineConfig.gpu_memory_utilization must be at most 1 (a share "
+                             f"of the GPU's memory), got {self.gpu_memory_utilization}")
+        for name in ("chunked_prefill", "use_cuda_graphs", "enable_prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"EngineConfig.{name} must be True or False, got "
+                                 f"{getattr(self, name)!r}")
+        if self.paged is not None and not isinstance(self.paged, bool):
+            raise ValueError(f"EngineConfig.paged must be True, False or None, got "
+                             f"{self.paged!r}")
 
     def model_len(self, model: LlamaModel) -> int:
         if self.max_model_len is None:
@@ -269,7 +298,10 @@ class ModelRunner:
                     index = [row[id(s)] for s in seqs]
                     ids_device = sampled[_kv.to_device(index, torch.int64, model.device)]
             slot = self._mailbox.reserve()
-            logits = self.decoder.run([s.token_ids[-1] for s in seqs], plan, ids_device,
+            # a step of one new token each: decodes, or one-token chunks of prompts (a small
+            # token budget, or a prompt cached but for its last blocks), whose token is not
+            # the newest: each sequence's first uncached token
+            logits = self.decoder.run([s.token_ids[s.num_cached] for s in seqs], plan, ids_device,
                                       token_slot=slot)
             if st.all_greedy:   # the graph's argmax; the next decode step overwrites it
                 return self._mailbox.take(self.decoder.inputs[0, : len(seqs)], stored_in=slot)

@@ -108,6 +108,14 @@ def checked_parse(raw: dict, where: str) -> ModelConfig:
     tied = raw.get("tie_word_embeddings")
     if tied is not None and type(tied) is not bool:   # bool("no") is True
         raise ConfigError(f"{where}: tie_word_embeddings={tied!r} must be true or false")
+    params, scaling = raw.get("rope_parameters"), raw.get("rope_scaling")
+    if isinstance(params, dict) and isinstance(scaling, dict):
+        # parse_rope reads rope_parameters; transformers may take rope_scaling: two rotations
+        same = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
+        if any(params.get(k, "default" if k == "rope_type" else None) != v
+               for k, v in same.items()):
+            raise ConfigError(f"{where}: rope_parameters {params} and rope_scaling {scaling} "
+                              "disagree: keep one of them")
     config = parse_config(raw, where)
     if not 0 <= config.rms_norm_eps < math.inf:    # False for NaN
         raise ConfigError(f"{where}: rms_norm_eps={config.rms_norm_eps} must be a finite "

@@ -102,8 +102,11 @@ class LLMEngine:
         if len(ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
                              f"{self.max_model_len} positions")
-        self.model.check_inputs(torch.tensor(ids, dtype=torch.int64),
-                                torch.zeros(1, dtype=torch.int64))
+        try:
+            self.model.check_inputs(torch.tensor(ids, dtype=torch.int64),
+                                    torch.zeros(1, dtype=torch.int64))
+        except IndexError as e:   # a token id outside the vocabulary: a request that cannot run
+            raise ValueError(str(e)) from None
         rid = next(self._ids)
         seq = Sequence(rid, ids, params.with_seed())
         checker = self._stopping.StopChecker(() if params.ignore_eos else self.eos_ids,
