@@ -2,8 +2,6 @@
 cache-write twin, the pool size, and the engine's choice between paged and contiguous."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -21,11 +19,7 @@ def kv():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gqa_tied")
-    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return SimpleNamespace(config=config, weights=weights)
+    return fixtures.load_tiny(tmp_path_factory.mktemp("gqa_tied"), "gqa_tied")
 
 
 def new_model(tiny):

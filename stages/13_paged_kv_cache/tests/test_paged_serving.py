@@ -10,7 +10,6 @@ the same tokens, and its reference count is the number of its holders.
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,11 +22,7 @@ BLOCK = 4
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("gqa_tied")
-    fixtures.save_tiny_llama(directory, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(directory)
-    weights = parts.load("01", "checkpoint").load_weights(directory, config)
-    return SimpleNamespace(config=config, weights=weights)
+    return fixtures.load_tiny(tmp_path_factory.mktemp("gqa_tied"), "gqa_tied")
 
 
 def new_model(tiny):
