@@ -230,7 +230,7 @@ def profile(model: LlamaModel, bandwidth: float) -> dict:
     for batch in PROFILE_BATCHES:
         r = profile_batch(model, batch, PROFILE_CONTEXT, bandwidth)
         log(f"  batch {batch}: graph replay {r['graph_replay_us']:.0f} us, engine step "
-            f"{r['engine_step_us']:.0f} us, floor {r['floor_us']:.0f} us")
+            f"{r['engine_step_us']:.0f} us, floor of the replayed step {r['floor_us']:.0f} us")
         out.append(r)
     return {"bandwidth": bandwidth, "results": out}
 

@@ -145,9 +145,14 @@ class Transformers:
         new = max(n for _, n in requests)
         key = (self.cache, ids.shape[0], ids.shape[1], max_len)
         if key not in self._warm:
+            # WARM_STEPS tokens whatever the request's count: compiling the decode step and
+            # recording its CUDA graphs happen at the first decode of a shape, so a warm-up of
+            # one token (a first-token run) would leave them to the timed run after it. The
+            # static cache keeps the timed runs' length (max_len), so its shape stays theirs.
+            room = max_len - ids.shape[1] if self.cache == "static" else WARM_STEPS
             t0 = time.perf_counter()
             with deadline(self.compile_limit_s if self.cache == "static" else 0):
-                self._generate(ids, mask, min(new, WARM_STEPS), max_len)
+                self._generate(ids, mask, max(1, min(WARM_STEPS, room)), max_len)
             spent = time.perf_counter() - t0
             if self.first_warmup_s is None:
                 self.first_warmup_s = spent

@@ -163,6 +163,8 @@ def profile_batch(model: LlamaModel, batch: int, context: int, bandwidth: float)
     # running it eagerly, rewrites the same cache rows with the same values.
     decoder = engine.runner.decoder
     size = decoder.padded_size(batch)
+    # the keys that step reads: its sequences' context lengths, as its buffers hold them
+    replayed_keys = int(decoder.context_lens[:batch].sum())
     kernels = kernel_table(lambda: decoder._step(size))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     replays = []
@@ -183,11 +185,13 @@ def profile_batch(model: LlamaModel, batch: int, context: int, bandwidth: float)
             chain_skipped = f"the profiler failed on a graph replay: {e}"
     host = host_breakdown(engine, 30)        # steady state: the host runs one step ahead
     step_us = host["step"]
-    # The sequences hold context + ~30 cached tokens by now (prefill, the steps above).
+    # the floor of the replayed step, whose keys were counted above (the engine's steps after
+    # it each read a few more: about 15 a sequence more on average over host_breakdown's 30)
     floor = floor_mod.step_floor_s(floor_mod.weight_bytes(model),
                                    floor_mod.kv_bytes_per_token(model),
-                                   batch * (context + 30), bandwidth) * 1e6
-    return {"batch": batch, "context": context, "graph_replay_us": statistics.median(replays),
+                                   replayed_keys, bandwidth) * 1e6
+    return {"batch": batch, "context": context, "replayed_keys": replayed_keys,
+            "graph_replay_us": statistics.median(replays),
             "engine_step_us": step_us, "floor_us": floor,
             "host_us": {k: round(v, 1) for k, v in host.items()},
             "kernels": [{"name": k, "us": round(us, 1), "launches": n} for k, us, n in kernels],

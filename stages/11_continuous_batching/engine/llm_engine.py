@@ -139,8 +139,9 @@ class LLMEngine:
         queued this way only when it is sure to be a decode of the running sequences
         (nothing waiting, room in the context, each of them in the step in flight; those of
         that step that finished meanwhile are left out, so a request ending does not stall
-        the GPU); a sequence that turns out to have stopped had one row of wasted work, whose
-        sample is dropped."""
+        the GPU), and not when the step in flight gives every one of them its last token
+        (max_tokens); a sequence that turns out to have stopped had one row of wasted work,
+        whose sample is dropped."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None and self._can_run_ahead(inflight):
             seqs, tokens, _ = inflight
@@ -167,6 +168,10 @@ class LLMEngine:
             return False
         max_len = self.max_model_len
         if not all(len(seq.token_ids) < max_len for seq in running):
+            return False
+        # each of them ends with the step in flight: a step queued now would be wasted work
+        if all(seq.num_tokens - seq.num_prompt_tokens + 1 >= seq.params.max_tokens
+               for seq in running):
             return False
         # running keeps the step's order, less the finished: most steps, the same list
         if len(running) == len(seqs) and all(a is b for a, b in zip(running, seqs)):
