@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,11 +81,18 @@ def mix64_reference(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def uniform_reference_of_bits(z: int) -> float:
+    """u of a 64-bit hash output: float32 (numpy's, one rounded addition) of its top 23 bits
+    hi and the next 23 lo, u = (hi + (lo + 1/2) / 2**23) / 2**23, at most 1 - 2**-24."""
+    hi, lo = z >> 41, (z >> 18) & (2**23 - 1)
+    u = (np.float32(hi) + np.float32((lo + 0.5) / 2**23)) * np.float32(2.0**-23)
+    return float(min(u, np.float32(1 - 2.0**-24)))
+
+
 def uniform_reference(seed: int, step: int, i: int) -> float:
     """The specification of u(seed, step, i) in unsigned 64-bit Python integers."""
     key = mix64_reference((mix64_reference(seed) + step * 0x9E3779B97F4A7C15) & U64)
-    k = mix64_reference(key + (i + 1) * 0x9E3779B97F4A7C15) >> (64 - S.UNIFORM_BITS)
-    return (k + 0.5) / 2**S.UNIFORM_BITS
+    return uniform_reference_of_bits(mix64_reference(key + (i + 1) * 0x9E3779B97F4A7C15))
 
 
 def test_noise_matches_the_uint64_specification():
@@ -100,6 +108,21 @@ def test_noise_matches_the_uint64_specification():
     checks.assert_equal(u, expected, what="uniform noise vs the uint64 reference",
                         hint="a signed right shift (mask the top bits) or a constant wrong")
     assert bool((u > 0).all() and (u < 1).all()), "u must lie strictly inside (0, 1)"
+
+
+def test_the_gumbel_tail_reaches_past_30():
+    """A token far below the top (logits / T 20 or more lower) wins only through a large g,
+    which needs a u very close to 0: with u on a grid of 2**-23 steps g stopped at 16.6, and
+    over a 128k vocabulary that cut ~1% of the probability mass. The specification above
+    (test_noise_matches_the_uint64_specification) puts u's smallest value at 2**-47; here,
+    the draws are off that coarse grid, and g at the smallest u is past 30."""
+    u = S.uniform_noise(torch.arange(200), torch.zeros(200, dtype=torch.int64), 5000)
+    off_grid = (u.double() * 2**23) % 1 != 0.5
+    assert off_grid.float().mean() > 0.4, "u lies on a grid of 2**-23 steps: lo is not used"
+    u_min = uniform_reference_of_bits(0)
+    assert u_min == 2.0**-47 and -math.log(-math.log1p(-u_min)) > 30
+    g = S.gumbel_noise(torch.arange(200), torch.zeros(200, dtype=torch.int64), 5000)
+    assert torch.isfinite(g).all(), "u never reaches 0 or 1: g is always finite"
 
 
 def test_noise_is_uniform():
@@ -250,6 +273,31 @@ def test_rows_without_a_filter_are_not_cut_in_a_filtered_batch():
 def test_top_k_beyond_the_vocabulary_cuts_nothing():
     cut = S.filter_mask(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([10]), torch.tensor([1.0]))
     assert cut.tolist() == [[False, False, False]]
+
+
+def test_top_p_measures_the_tempered_distribution():
+    """Temperature first, then top-p (Hugging Face's and vLLM's order). logits 3, 2, 1, 0, -1
+    at T = 2 give probabilities .391 .237 .144 .087 .053: before the third token .628 < .7,
+    before the fourth .772, so top_p = .7 keeps three. On the raw logits (T = 1: .636 .234
+    .086 ...) it would keep two."""
+    n = 20_000
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
+    got = run(logits[None, :].expand(n, 5), rows(n, temperature=2.0, top_p=0.7, first_seed=5),
+              [0] * n)
+    kept = torch.softmax(logits.double() / 2, 0) * torch.tensor([1, 1, 1, 0, 0])
+    wrong = torch.softmax(logits.double() / 2, 0) * torch.tensor([1, 1, 0, 0, 0])
+    assert_distribution(got, kept / kept.sum(), wrong / wrong.sum(), "top-p after temperature")
+
+
+def test_top_p_cuts_the_token_whose_predecessors_reach_p_exactly():
+    """probs .5 .25 .25, top_p = .75: before the third token the mass is exactly .75 (exact
+    in float32), which reaches p, so it is cut (Hugging Face keeps two as well); the first
+    two are both kept, in proportion."""
+    n = 20_000
+    probs = torch.tensor([0.5, 0.25, 0.25])
+    got = run(probs.log()[None, :].expand(n, 3), rows(n, top_p=0.75, first_seed=11), [0] * n)
+    assert_distribution(got, torch.tensor([2 / 3, 1 / 3, 0]).double(), probs.double(),
+                        "top-p at its boundary")
 
 
 def test_top_p_measures_what_top_k_left():

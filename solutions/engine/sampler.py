@@ -9,10 +9,11 @@ softmax(logits / T), restricted first by top-k (the k most likely tokens) and th
 (the smallest set of the most likely remaining tokens whose renormalized probability reaches
 p; the top token is always kept) -- the order of Hugging Face's warpers and of vLLM.
 
-The draw is the Gumbel-max trick: with u_i uniform in (0, 1) and g_i = -log(-log u_i),
+The draw is the Gumbel-max trick: with u_i uniform in (0, 1) and g_i = -log(-log(1 - u_i)),
 
     argmax_i (log p_i + g_i)  is distributed exactly as  p
 
+(exactly, for noise of unlimited resolution; ours reaches g = 32.6, see gumbel_noise)
 (the largest of independent Gumbels shifted by log p_i is the i-th with probability p_i:
 softmax is exactly the distribution of a Gumbel-noised argmax). Adding one constant to every
 log p_i changes nothing, so the scaled logits logits / T stand in for log p (no softmax
@@ -52,7 +53,7 @@ def _i64(c: int) -> int:
 GOLDEN = _i64(0x9E3779B97F4A7C15)   # the counter's increment: 2**64 / golden ratio, odd
 MIX1 = _i64(0xBF58476D1CE4E5B9)
 MIX2 = _i64(0x94D049BB133111EB)
-UNIFORM_BITS = 23   # u = (k + 1/2) / 2**23: k + 1/2 needs 24 bits, exact in float32
+UNIFORM_BITS = 23   # each of u's two parts: k + 1/2 needs 24 bits, exact in float32
 
 
 def _shr_(z: torch.Tensor, s: int) -> torch.Tensor:
@@ -83,26 +84,34 @@ def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """u[b, i] in (0, 1), a deterministic function of (seeds[b], steps[b], i) only.
+    """u[b, i] in (0, 1), a deterministic function of (seeds[b], steps[b], i) only, fine
+    near 0.
 
     seeds, steps: [B] int64 -> [B, vocab] float32 on their device. Element i of a row is
     splitmix64's output number i + 1 from the state row_keys(seed, step): counter-based, so
-    any row and any element can be computed alone, in any order, in any batch. The top 23
-    bits give k, and u = (k + 1/2) / 2**23 is exact in float32 and never 0 or 1.
+    any row and any element can be computed alone, in any order, in any batch. Its top 23
+    bits give hi and the next 23 lo, and u = (hi + (lo + 1/2) / 2**23) / 2**23 in float32
+    (one rounded addition; the scalings by powers of two are exact): steps of 2**-46 near 0,
+    where the Gumbel tail needs them (gumbel_noise), and 1 - 2**-24 at most.
     """
     counters = torch.arange(1, vocab + 1, dtype=torch.int64, device=seeds.device) * GOLDEN
-    z = row_keys(seeds, steps)[:, None] + counters[None, :]     # [B, vocab]
-    k = _shr_(mix64_(z), 64 - UNIFORM_BITS)
-    return k.to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS)
+    z = mix64_(row_keys(seeds, steps)[:, None] + counters[None, :])     # [B, vocab]
+    hi = _shr_(z, 64 - UNIFORM_BITS).to(torch.float32)
+    lo = _shr_(z, 64 - 2 * UNIFORM_BITS).bitwise_and_((1 << UNIFORM_BITS) - 1)
+    u = lo.to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS).add_(hi)
+    return u.mul_(2.0 ** -UNIFORM_BITS).clamp_(max=1 - 2.0 ** -24)   # the sum may round to 1
 
 
 def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """g = -log(-log u): standard Gumbel noise, [B] int64 x2 -> [B, vocab] float32.
+    """g = -log(-log(1 - u)): standard Gumbel noise, [B] int64 x2 -> [B, vocab] float32.
 
-    With 23-bit u, g lies in [-2.81, 16.6]; the tails beyond are cut at probability 2**-24
-    each, far below anything a sample of text can show.
+    A large g needs a small -log(1 - u), so u's fine steps near 0 (uniform_noise) reach g =
+    32.6; past that the tail is cut at 2**-47 a token, under 2**-30 over a 128k vocabulary.
+    (With u of 23 bits alone g stopped at 16.6: a token more than ~19 below the top in
+    logits / T could never be drawn, and over 128k such tokens that is ~1% of the mass.)
+    The low tail stops at g = -2.81 (u of 1 - 2**-24): a cut of 6e-8, on one token at most.
     """
-    return uniform_noise(seeds, steps, vocab).log_().neg_().log_().neg_()
+    return uniform_noise(seeds, steps, vocab).neg_().log1p_().neg_().log_().neg_()
 
 
 def filter_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -111,7 +120,8 @@ def filter_mask(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     scaled: [B, V] float32 logits / temperature; top_k: [B] int64 (0 = off);
     top_p: [B] float32 (1 = off) -> [B, V] bool.
     One descending sort of the whole batch (stable: equal logits keep index order, as argmax
-    breaks ties); then in sorted order, rank >= k is cut, and a token is cut by top-p when the
+    breaks ties); then in sorted order, rank >= k is cut (exactly k tokens stay: a tie at the
+    k-th value goes to the lower index, where Hugging Face and vLLM keep every tied token), and a token is cut by top-p when the
     renormalized probability of the tokens ranked before it already reaches p. The first
     token has nothing before it (mass exactly 0 < p), so it is never cut. A row with top_p = 1
     is never cut by top-p at all, even where float32 sums round up to 1 before the tail: its
