@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench.timing import report_no_cuda
+from bench.timing import report_no_cuda, write_json
 from grader import arguments
 
 if TYPE_CHECKING:   # transformers loads when a model is made; parts.load names a stage's types
@@ -253,10 +253,9 @@ def main(argv: list[str] | None = None) -> int:
           "project tests check token equality on decisive weights).\n")
     print(markdown(results))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"measured": True, "device": device_name, "torch": torch.__version__,
-                       "transformers": transformers.__version__, "results": results}, f,
-                      indent=2)
+        write_json(args.json, {"measured": True, "device": device_name,
+                               "torch": torch.__version__,
+                               "transformers": transformers.__version__, "results": results})
         print(f"\nwrote {args.json}")
     return 0
 

@@ -28,7 +28,6 @@ directly, because their Python wrappers allocate (and may wait on) an error flag
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -41,7 +40,7 @@ import torch
 
 from bench.cases import FAMILIES, Case, Ops, Outputs
 from bench.timing import (COPY_BYTES, DEVICE, FLUSHES, Timer, Timing, copy_bandwidth,
-                          report_no_cuda)
+                          report_no_cuda, write_json)
 from grader import arguments
 
 # ------------------------------------------------------------------------------ correctness
@@ -386,8 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"measured": True, "device": name, "torch": torch.__version__,
                   **table_dict(rows, fatal, ops, timer, copy_gbs, copy_t, args.seed, args.quick),
                   "elapsed_s": elapsed}
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(args.json, report)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -27,7 +27,6 @@ The floor is (weight bytes + K/V bytes read) over the copy bandwidth measured in
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ import torch
 from bench import floor as floor_mod
 from bench import report
 from bench.engine import SHAPES, build_models
-from bench.timing import Timer, copy_bandwidth, report_no_cuda
+from bench.timing import Timer, copy_bandwidth, report_no_cuda, write_json
 from grader import arguments
 
 if TYPE_CHECKING:   # the engine loads when used; parts.load names a stage folder's types
@@ -221,8 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print("\n" + report.profile_table({"profile": {"results": [r]}}, top=len(r["kernels"])))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"bandwidth": bandwidth, "results": results}, f, indent=2)
+        write_json(args.json, {"bandwidth": bandwidth, "results": results})
     return 0
 
 

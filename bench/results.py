@@ -250,8 +250,8 @@ def write(path: str | Path, doc: dict) -> Path:
     if bad:
         raise ValueError("not a valid benchmark document: " + "; ".join(bad))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    from grader.report import write_text   # whole or not at all, its folder made
+    write_text(path, json.dumps(doc, indent=2) + "\n")
     return path
 
 

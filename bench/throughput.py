@@ -24,7 +24,6 @@ before it is measured.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from bench import workloads
 from bench.engine import SHAPES, build_models
 from bench.ours import new_engine, release, run_ours
-from bench.timing import report_no_cuda
+from bench.timing import report_no_cuda, write_json
 from grader import arguments
 
 if TYPE_CHECKING:   # transformers loads when a model is made
@@ -118,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{tokens / seconds:,.0f} useful tok/s; ours / transformers = "
               f"{result['ratio']:.1f}x", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
     return 0
 
 

@@ -34,13 +34,19 @@ COPY_BYTES = 2**30
 FLUSHES = ("read", "write")   # how Timer empties the L2 before each run (see above)
 
 
+def write_json(path: str | Path, doc: dict) -> None:
+    """A bench module's --json: whole or not at all, its folder made if missing (as every
+    report of the project: grader.report.write_text)."""
+    from grader.report import write_text
+    write_text(Path(path), json.dumps(doc, indent=2) + "\n")
+
+
 def report_no_cuda(module: str, json_path: str | Path | None, rows_key: str) -> int:
     """Say that nothing was measured (and write that to json_path); return the exit status, 0."""
     reason = f"{module}: no CUDA device here; nothing was measured (run it on a GPU machine)."
     print(reason)
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump({"measured": False, "reason": reason, rows_key: []}, f, indent=2)
+        write_json(json_path, {"measured": False, "reason": reason, rows_key: []})
     return 0
 
 

@@ -16,7 +16,9 @@
                                          then sm_75 for the stages that claim it
 
 Exit status: 0 full marks, 1 anything less (failed, TODO, or not graded here), 2 bad usage
-or a report (--json, --junit) that could not be written.
+or a report (--json, --junit) that could not be written, 130 stopped by Ctrl-C.
+`class`: 0 the reports are written, 2 bad usage, tests that do not collect or a report that
+could not be written, 3 the course's tests changed while a student was graded, 130 Ctrl-C.
 """
 from __future__ import annotations
 
@@ -30,8 +32,7 @@ from grader import arguments, capability, children, report, runner
 
 
 def _grade_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--extra-tests", type=Path, metavar="DIR",
-                   help="instructor's hidden tests: DIR/NN_name/ (or DIR/NN/) is added to stage NN")
+    p.add_argument("--extra-tests", type=Path, metavar="DIR", help=arguments.EXTRA_TESTS_HELP)
     p.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     p.add_argument("--junit", type=Path, metavar="FILE", help="write the results as JUnit XML")
     arguments.add_test_timeout(p, runner.DEFAULT_TEST_TIMEOUT)
@@ -72,7 +73,7 @@ def grade_main(argv: list[str]) -> int:
     with capability.check(stage):
         result = runner.run_stage(stage, _student_ids(stage, args), args.student_root,
                                   args.extra_tests, args.timeout, args.verbose,
-                                  listener=report.LivePrinter())
+                                  listener=report.LivePrinter(extra_tests=args.extra_tests))
     print("\n".join(report.footer(result)))
     if not _write_reports(args, [result]):
         return 2
@@ -85,6 +86,11 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     arguments.existing_dirs(p, student_root=args.student_root, extra_tests=args.extra_tests)
     arguments.writable_files(p, json=args.json, junit=args.junit)
     arguments.replay_seed(p)
+    if args.extra_tests:   # the tests run with the course as their working folder
+        args.extra_tests = args.extra_tests.resolve()
+        warning = report.unmatched_warning(args.extra_tests)
+        if warning:
+            print(warning, file=sys.stderr)
 
 
 def _student_ids(stage: manifest.Stage, args: argparse.Namespace) -> list[str]:
@@ -117,6 +123,9 @@ def course_main(args: argparse.Namespace) -> int:
                                       args.extra_tests, args.timeout, args.verbose)
         results.append(result)
         print(report.score_line(result), flush=True)
+        if args.extra_tests:
+            print("  " + report.hidden_line(stage, args.extra_tests,
+                                            [t.name for t in result.tests]), flush=True)
         if args.stage == "next" and not report.done_here(result):
             print("\n" + report.render(result))
             print(f"\nNext: stage {stage.id}, {stage.title}. "
@@ -164,6 +173,9 @@ def main(argv: list[str]) -> int:
     except (manifest.UnknownStage, manifest.StageNotAvailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # the test processes end with the grader (children.install)
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ import os
 from pathlib import Path
 
 
+EXTRA_TESTS_HELP = ("instructor's hidden tests: DIR/NN_name/ and DIR/NN/, each one that "
+                    "exists, are added to stage NN's tests")
+
+
 def add_student_root(p: argparse.ArgumentParser) -> None:
     """--student-root, as every command that reads a student's stage folders takes it."""
     p.add_argument("--student-root", type=Path, metavar="DIR",
@@ -54,20 +58,27 @@ def creatable_dirs(p: argparse.ArgumentParser, **flags: Path | None) -> None:
     for name, folder in flags.items():
         if folder is None:
             continue
-        path = folder.absolute()
-        existing = next(d for d in (path, *path.parents) if d.exists())
+        existing = _nearest_existing(folder.absolute())
         if not existing.is_dir():
             p.error(f"--{name.replace('_', '-')} {folder} cannot be a folder: {existing} is a "
                     "file")
 
 
 def writable_files(p: argparse.ArgumentParser, **flags: Path | None) -> None:
-    """Each given report path must be a file in an existing folder."""
+    """Each given report path must be a file whose folder exists or can be made (it is made
+    when the report is written: report.write_text)."""
     for name, path in flags.items():
-        if path is not None and (path.is_dir() or not path.absolute().parent.is_dir()):
+        if path is None:
+            continue
+        existing = _nearest_existing(path.absolute().parent)
+        if path.is_dir() or not existing.is_dir():
             p.error(f"--{name.replace('_', '-')} {path} cannot be written: "
-                    + ("it is a directory" if path.is_dir() else
-                       f"the folder {path.absolute().parent} does not exist"))
+                    + ("it is a directory" if path.is_dir() else f"{existing} is a file"))
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or the nearest folder above it that exists."""
+    return next(d for d in (path, *path.parents) if d.exists())
 
 
 def replay_seed(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ import threading
 import weakref
 
 _children: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()
-_lock = threading.Lock()
+_lock = threading.RLock()   # re-entrant: the signal handlers take it on the main thread
 _installed = False
 
 
@@ -42,12 +42,19 @@ def kill_all() -> int:
 
 
 def _on_sigterm(signum, frame) -> None:
-    raise SystemExit(128 + signum)   # unwinds like Ctrl-C; the atexit hook then kills
+    kill_all()
+    raise SystemExit(128 + signum)   # unwinds like Ctrl-C
+
+
+def _on_sigint(signum, frame) -> None:
+    kill_all()   # first: while the grader unwinds (removing workspaces) nothing writes in them
+    raise KeyboardInterrupt
 
 
 def install() -> None:
     """Once, from the grader's entry point: at exit every tracked session still running is
-    killed, and SIGTERM ends the grader like Ctrl-C (so that exit happens)."""
+    killed; SIGTERM and Ctrl-C kill them at once, then unwind the grader (SystemExit,
+    KeyboardInterrupt). A Ctrl-C that the grader was started ignoring stays ignored."""
     global _installed
     if _installed:
         return
@@ -55,3 +62,5 @@ def install() -> None:
     atexit.register(kill_all)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)

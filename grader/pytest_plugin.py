@@ -2,9 +2,10 @@
 
 A child first writes the list of tests it collected (`collected`, before any test runs: the
 grader fixes that list); a child restarted after a crash runs exactly the tests named in a
-file (TINYVLLM_SELECT: node ids, matched exactly, never as prefixes). The grader reads the results file while a child runs, so a test
-that hangs or crashes the process (a kernel that corrupts the CUDA context, a segfault) is
-known by name, and the remaining tests run in a fresh process.
+file (TINYVLLM_SELECT: test names as result_name() gives them, matched exactly, never as
+prefixes). The grader reads the results file while a child runs, so a test that hangs or
+crashes the process (a kernel that corrupts the CUDA context, a segfault) is known by name,
+and the remaining tests run in a fresh process.
 
 The messages are what a student reads first, so they are shaped here: a kernel build error
 reads as one short line (the build's errors are printed once, above the table), a TODO from a
@@ -47,6 +48,11 @@ LIKELY_CAUSES = (
 )
 
 _state: dict[str, dict] = {}
+
+
+class TimedOut(Exception):
+    """Raised by what a test calls when it gave up waiting (the class judge's call into a
+    student's code that never answered): the test reads `timeout`, like one the grader kills."""
 
 
 def _write(record: dict) -> None:
@@ -116,6 +122,18 @@ def todo_part(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -
     return None
 
 
+def result_name(item: pytest.Item) -> str:
+    """A test's name in every result and report: pytest's node id, relative to the course.
+    Outside the course (an instructor's hidden tests) pytest names a test relative to the
+    folder it was given, so the name keeps that folder: `02_tokenize/test_h.py::test_x`, and
+    DIR/02/ and DIR/02_tokenize/ may each hold a test_h.py::test_x of their own."""
+    path = Path(str(item.path))
+    if path.is_relative_to(item.config.rootpath):
+        return item.nodeid
+    depth = len(Path(item.nodeid.split("::")[0]).parts)
+    return f"{path.parents[depth - 1].name}/{item.nodeid}"
+
+
 def pytest_configure(config):
     selected = os.environ.get(SELECT_ENV)
     config._tinyvllm_select = (Path(selected).read_text().splitlines() if selected else None)
@@ -127,8 +145,8 @@ def pytest_collection_modifyitems(config, items):
     if wanted is None:
         return
     keep = set(wanted)
-    chosen = [it for it in items if it.nodeid in keep]
-    dropped = [it for it in items if it.nodeid not in keep]
+    chosen = [it for it in items if result_name(it) in keep]
+    dropped = [it for it in items if result_name(it) not in keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = chosen
@@ -136,18 +154,19 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     _write({"event": "collected",
-            "tests": [{"test": it.nodeid, "points": _points(it)} for it in session.items]})
+            "tests": [{"test": result_name(it), "points": _points(it)} for it in session.items]})
 
 
-def pytest_runtest_logstart(nodeid, location):
-    _write({"event": "start", "test": nodeid, "time": time.time()})
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    _write({"event": "start", "test": result_name(item), "time": time.time()})
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    state = _state.setdefault(item.nodeid, {"outcome": "passed", "message": "",
+    state = _state.setdefault(result_name(item), {"outcome": "passed", "message": "",
                                             "points": _points(item)})
     if report.skipped and call.when in ("setup", "call"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -161,7 +180,7 @@ def pytest_runtest_makereport(item, call):
             state["outcome"] = "crashed"
             state["message"] += ("\n  this left the CUDA context unusable: the tests after it "
                                  "ran in a fresh process")
-        _write({"event": "end", "test": item.nodeid, "time": time.time(), **state})
+        _write({"event": "end", "test": result_name(item), "time": time.time(), **state})
         if sticky:
             os._exit(STICKY_EXIT)
 
@@ -170,6 +189,9 @@ def _record_failure(item, call, report, state: dict) -> None:
     excinfo = call.excinfo
     if excinfo is None:
         state["outcome"], state["message"] = "failed", str(report.longrepr)[-2000:]
+        return
+    if excinfo.errisinstance(TimedOut):
+        state["outcome"], state["message"] = "timeout", str(excinfo.value)
         return
     if _is_build_error(excinfo):
         state["outcome"], state["message"] = "failed", BUILD_FAILED

@@ -14,7 +14,7 @@ from typing import Callable, TextIO
 
 from course import manifest
 from grader.pytest_plugin import BUILD_FAILED
-from grader.runner import Listener, StageResult, TestResult
+from grader.runner import Listener, StageResult, TestResult, hidden_counts, unmatched_hidden
 
 LABELS = {
     "passed": "passed",
@@ -31,8 +31,13 @@ DETAILED = ("failed", "timeout", "crashed", "not_run")          # full message b
 
 
 def short_name(test: str) -> str:
-    """'stages/01_load/tests/test_bf16.py::test_ties[3]' -> 'test_bf16.py::test_ties[3]'."""
-    return test.rsplit("/", 1)[-1]
+    """'stages/01_load/tests/test_bf16.py::test_ties[3]' -> 'test_bf16.py::test_ties[3]'; a
+    hidden test keeps its folder ('02_tokenize/test_h.py::test_x'): DIR/02/ may hold a test
+    of the same file and name."""
+    file, sep, rest = test.partition("::")
+    if file.startswith(("stages/", "tests/")):
+        file = file.rsplit("/", 1)[-1]
+    return file + sep + rest
 
 
 def first_line(text: str, width: int = 90) -> str:
@@ -100,7 +105,22 @@ def footer(result: StageResult, details: int = 12) -> list[str]:
     if counts.get("not_run"):
         out.append("  NOT RUN: these tests were collected but never reported (they count zero); "
                    "the message says why.")
+    if result.unwritten and not counts.get("todo"):   # no test could say it
+        hint = gpu_only(result)
+        out.append(f"  Not written yet: {', '.join(result.unwritten)} (still the skeleton, or "
+                   "still returns or raises its TODO)." + (f" {hint}." if hint else ""))
     return out
+
+
+def gpu_only(result: StageResult) -> str:
+    """For a stage none of whose tests this machine can grade: that, and what can be done
+    here instead; else ""."""
+    if not result.tests or any(t.outcome != "not_graded" for t in result.tests):
+        return ""
+    from grader.emulate import TESTS
+    if result.stage.id in TESTS:
+        return f"GPU-only: `grader emulate {result.stage.id}` runs your kernel on the CPU"
+    return "GPU-only: its tests need a CUDA device"
 
 
 def render(result: StageResult, details: int = 12) -> str:
@@ -114,13 +134,15 @@ def render(result: StageResult, details: int = 12) -> str:
 class LivePrinter(Listener):
     """Prints a grading run as it happens: the build's status, then the table line by line."""
 
-    def __init__(self, stream: TextIO = sys.stdout):
-        self.stream, self.width = stream, 20
+    def __init__(self, stream: TextIO = sys.stdout, extra_tests: Path | None = None):
+        self.stream, self.width, self.extra_tests = stream, 20, extra_tests
+        self.stage: manifest.Stage | None = None
 
     def _print(self, lines: list[str], end: str = "\n") -> None:
         print("\n".join(lines), end=end, file=self.stream, flush=True)
 
     def stage_started(self, result: StageResult) -> None:
+        self.stage = result.stage
         self._print(header(result.stage, result.selection))
 
     def build_started(self) -> None:
@@ -131,6 +153,9 @@ class LivePrinter(Listener):
 
     def collected(self, tests: list[TestResult]) -> None:
         self.width = table_width([t.name for t in tests])
+        if self.extra_tests:
+            self._print(["  " + hidden_line(self.stage, self.extra_tests,
+                                            [t.name for t in tests])])
         self._print([""])
 
     def test_done(self, test: TestResult) -> None:
@@ -148,9 +173,48 @@ def score_line(result: StageResult) -> str:
 
 
 def done_here(result: StageResult) -> bool:
-    """Everything this machine can grade passed (kernel tests may be 'not graded' without a GPU)."""
-    return (not result.errors and bool(result.tests)
+    """Everything this machine can grade passed (kernel tests may be 'not graded' without a GPU)
+    and every part is written: an untouched kernel's tests are 'not graded' too."""
+    return (not result.errors and bool(result.tests) and not result.unwritten
             and all(t.outcome in ("passed", "not_graded") for t in result.tests))
+
+
+def standing(result: StageResult) -> str:
+    """What the course map says beside a stage's score: 'full marks', 'done here', 'not
+    started' (every part still a TODO), 'TODO left in X', or nothing (the score says it)."""
+    if result.full_marks:
+        return "full marks"
+    if done_here(result):
+        return "done here"
+    if result.unwritten and set(result.unwritten) == set(result.stage.parts):
+        return "not started"
+    return f"TODO left in {', '.join(result.unwritten)}" if result.unwritten else ""
+
+
+def hidden_line(stage: manifest.Stage, extra_tests: Path, names: list[str]) -> str:
+    """'stage 02: +3 hidden tests from /abs/hidden/02_tokenize': which of the instructor's
+    hidden tests this stage's run includes, from which folder (names: the tests collected)."""
+    counts = hidden_counts(stage, extra_tests, names)
+    if not counts:
+        return (f"stage {stage.id}: no hidden tests (no {extra_tests.absolute()}/{stage.dir}/ "
+                f"or {extra_tests.absolute()}/{stage.id}/)")
+    total = sum(n for _, n in counts)
+    plural = "s" if total != 1 else ""
+    if len(counts) == 1:
+        return f"stage {stage.id}: +{total} hidden test{plural} from {counts[0][0]}"
+    return (f"stage {stage.id}: +{total} hidden test{plural}: "
+            + ", ".join(f"{n} from {d}" for d, n in counts))
+
+
+def unmatched_warning(extra_tests: Path) -> str:
+    """One line for the folders of the hidden tests that name no stage, or ""."""
+    stray = unmatched_hidden(extra_tests)
+    if not stray:
+        return ""
+    return (f"warning: --extra-tests {extra_tests.absolute()}: "
+            f"{', '.join(d.name + '/' for d in stray)} name{'s' if len(stray) == 1 else ''} "
+            "no stage and will not run (a stage's hidden tests go in DIR/NN_name/ or DIR/NN/, "
+            "e.g. 02_tokenize/ or 02/)")
 
 
 def course_map(results: list[StageResult]) -> str:
@@ -159,20 +223,23 @@ def course_map(results: list[StageResult]) -> str:
     rows = [("stage", "score", "title")]
     for stage in manifest.stages():
         r = graded.get(stage.id)
+        title = stage.title
         if r is None:
             score = "planned" if not stage.ready else "-"
         else:
-            mark = "full marks" if r.full_marks else ("done here" if done_here(r) else "")
+            mark = standing(r)
             score = f"{r.score:g}/{stage.points}" + (f" {mark}" if mark else "")
-        rows.append((stage.dir, score, stage.title))
+            if r.unwritten and gpu_only(r):
+                title += f" ({gpu_only(r)})"
+        rows.append((stage.dir, score, title))
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
     total = sum(r.score for r in results)
     lines.append(f"\n  total: {total:g}/{sum(r.stage.points for r in results)} over "
                  f"{len(results)} available stage(s)")
     if any(r.counts().get("not_graded") for r in results):
-        lines.append("  'done here': every test this machine can grade passed; the kernel tests "
-                     "need a CUDA GPU for full marks.")
+        lines.append("  'done here': every part written and every test this machine can grade "
+                     "passed; the kernel tests need a CUDA GPU for full marks.")
     return "\n".join(["Course map"] + lines)
 
 
@@ -195,25 +262,36 @@ def write_json(path: Path, results: list[dict], always_list: bool = False) -> No
 
 
 def write_junit(path: Path, suites: list[tuple[str, StageResult]]) -> None:
-    """One <testsuite> per (student, stage); not-graded tests are <skipped>, never passed."""
+    """One <testsuite> per (student, stage; student "" for your own grade). A test case is
+    named by its full test name and classed "STUDENT.stageNN" (dots in the name become "_"),
+    so that a CI viewer, which keys on classname and name, keeps students and test files
+    apart. Not-graded tests are <skipped>, never passed; the stage's own errors (a test file
+    that did not collect, an invalid submission) are one more test case, "(submission)",
+    with an <error>."""
     root = ET.Element("testsuites")
-    for label, result in suites:
+    for student, result in suites:
         counts = result.counts()
-        suite = ET.SubElement(root, "testsuite", name=f"{label}stage {result.stage.id}",
-                              tests=str(len(result.tests)),
+        classname = (f"{student.replace('.', '_')}." if student else "") + f"stage{result.stage.id}"
+        suite = ET.SubElement(root, "testsuite",
+                              name=f"{student} stage {result.stage.id}".lstrip(),
+                              tests=str(len(result.tests) + bool(result.errors)),
                               failures=str(sum(counts.get(k, 0) for k in
                                                ("failed", "todo", "timeout", "crashed",
                                                 "not_run", "missing"))),
-                              errors=str(len(result.errors)),
-                              skipped=str(counts.get("not_graded", 0) + counts.get("skipped", 0)))
+                              errors=str(int(bool(result.errors))),
+                              skipped=str(counts.get("not_graded", 0) + counts.get("skipped", 0)),
+                              time=f"{sum(t.seconds for t in result.tests):.3f}")
         ET.SubElement(suite, "properties").extend([
             ET.Element("property", name="score", value=f"{result.score:g}"),
             ET.Element("property", name="max_score", value=str(result.stage.points))])
-        for err in result.errors:
-            ET.SubElement(suite, "error", message=first_line(err)).text = err
+        if result.errors:
+            case = ET.SubElement(suite, "testcase", name="(submission)", classname=classname,
+                                 time="0.000")
+            text = "\n\n".join(result.errors)
+            ET.SubElement(case, "error", message=first_line(text), type="error").text = text
         for t in result.tests:
-            case = ET.SubElement(suite, "testcase", name=short_name(t.name),
-                                 classname=f"stage{result.stage.id}", time=f"{t.seconds:.3f}")
+            case = ET.SubElement(suite, "testcase", name=t.name, classname=classname,
+                                 time=f"{t.seconds:.3f}")
             if t.outcome in ("not_graded", "skipped"):
                 ET.SubElement(case, "skipped", message=t.message)
             elif t.outcome != "passed":
@@ -235,8 +313,10 @@ def write_text(path: Path, text: str) -> None:
     """Write a report whole or not at all: a full disk or a killed run must not leave half a
     report over the last good one. A regular path gets a temporary file beside it, renamed
     over it; anything else (/dev/stdout, a pipe, a symlink) is written through as it is.
-    OSError when it cannot be written (the temporary file is removed)."""
+    Missing folders above it are made. OSError when it cannot be written (the temporary
+    file is removed)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         old = path.lstat()
     except FileNotFoundError:

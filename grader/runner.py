@@ -45,6 +45,7 @@ class StageResult:
     tests: list[TestResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     build: str = ""       # the kernel build under this selection: "ok ...", "FAILED ..." or why not
+    unwritten: list[str] = field(default_factory=list)   # the student's parts still a TODO
 
     @property
     def weight(self) -> float:
@@ -76,14 +77,50 @@ def selection_label(student_ids: list[str], root: Path | None) -> str:
     return f"student parts of stage(s) {', '.join(student_ids)} from {where}; reference for the rest"
 
 
+def hidden_dirs(stage: manifest.Stage, extra_tests: Path | None) -> list[Path]:
+    """An instructor's hidden tests for `stage`: DIR/NN_name/ and DIR/NN/, each that exists
+    (absolute: the tests run with the course as their working folder)."""
+    if not extra_tests:
+        return []
+    return [d.absolute() for d in (extra_tests / stage.dir, extra_tests / stage.id)
+            if d.is_dir()]
+
+
 def test_paths(stage: manifest.Stage, extra_tests: Path | None) -> list[Path]:
-    """The stage's tests, plus an instructor's hidden tests for it (DIR/NN_name or DIR/NN)."""
-    paths = [stage.tests_dir()]
-    if extra_tests:
-        for candidate in (extra_tests / stage.dir, extra_tests / stage.id):
-            if candidate.is_dir():
-                paths.append(candidate)
-    return paths
+    """The stage's tests, plus an instructor's hidden tests for it."""
+    return [stage.tests_dir(), *hidden_dirs(stage, extra_tests)]
+
+
+def hidden_counts(stage: manifest.Stage, extra_tests: Path | None,
+                  names: list[str]) -> list[tuple[Path, int]]:
+    """(folder, how many of the tests `names` come from it) for each hidden folder of `stage`.
+    A test's name begins with its folder's path in the course, else with the folder's own
+    name (grader.pytest_plugin.result_name)."""
+    out = []
+    for folder in hidden_dirs(stage, extra_tests):
+        prefix = (f"{folder.relative_to(manifest.ROOT).as_posix()}/"
+                  if folder.is_relative_to(manifest.ROOT) else f"{folder.name}/")
+        out.append((folder, sum(n.startswith(prefix) for n in names)))
+    return out
+
+
+def unmatched_hidden(extra_tests: Path) -> list[Path]:
+    """The folders of an instructor's hidden tests that name no stage (02_tokenise/, 2/):
+    no stage's tests include them."""
+    names = {n for s in manifest.stages() for n in (s.dir, s.id)}
+    return sorted(d for d in extra_tests.iterdir() if d.is_dir() and d.name not in names
+                  and not d.name.startswith((".", "__")))
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a run of tests must end (time.monotonic()) and why, as its tests will read: a
+    test still running then is killed, and those not started are not run (both `timeout`)."""
+    at: float
+    why: str     # "the student's time for this stage's tests (900 s, --student-timeout) ran out"
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
 
 
 class Listener:
@@ -105,6 +142,8 @@ def run_stage(stage: manifest.Stage, student_ids: list[str], student_root: Path 
               verbose: bool = False, listener: Listener | None = None) -> StageResult:
     listener = listener or Listener()
     result = StageResult(stage, selection_label(student_ids, student_root))
+    if stage.id in student_ids:
+        result.unwritten = unwritten_parts(stage, student_root)
     listener.stage_started(result)
     if any(p.endswith(".cu") for p in stage.parts):
         listener.build_started()
@@ -114,6 +153,26 @@ def run_stage(stage: manifest.Stage, student_ids: list[str], student_root: Path 
                                             student_root, test_timeout, verbose,
                                             listener=listener)
     return result
+
+
+def unwritten_parts(stage: manifest.Stage, student_root: Path | None) -> list[str]:
+    """The student's parts of `stage` not written yet: missing, still the skeleton, or still
+    returning or raising their TODO ("TODO stage NN: ..." as a string; a TODO comment left
+    above written code does not count). Without a GPU nothing else tells an untouched kernel
+    from a finished one: both are 'not graded'."""
+    from grader import sync
+    folder = (student_root or manifest.ROOT / "stages") / stage.dir
+    out = []
+    for part in stage.parts:
+        try:
+            text = (folder / part).read_text(errors="replace")
+        except OSError:
+            out.append(part)
+            continue
+        if f'"TODO stage {stage.id}' in text or text == sync.skeleton_text(
+                (stage.solution_dir() / part).read_text(), stage.id, part):
+            out.append(part)
+    return out
 
 
 def build_kernels(stage: manifest.Stage, student_ids: list[str],
@@ -173,10 +232,11 @@ class _Child:
 
 def run_tests(paths: list[Path], student_ids: list[str], student_root: Path | None = None,
               test_timeout: float = DEFAULT_TEST_TIMEOUT, verbose: bool = False,
-              pytest_args: tuple[str, ...] = (),
-              listener: Listener | None = None) -> tuple[list[TestResult], list[str]]:
+              pytest_args: tuple[str, ...] = (), listener: Listener | None = None,
+              deadline: Deadline | None = None) -> tuple[list[TestResult], list[str]]:
     """Collect the tests under `paths`, then run them in child processes until every one has a
-    result; return the results in collection order and any collection errors."""
+    result (or the deadline has passed); return the results in collection order and any
+    collection errors."""
     env = {**os.environ, **parts.selection_env(student_ids, student_root)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(manifest.ROOT), env.get("PYTHONPATH")]))
     run = _Run(listener or Listener())
@@ -188,18 +248,23 @@ def run_tests(paths: list[Path], student_ids: list[str], student_root: Path | No
         why_stopped = ""
         while True:
             before = len(run.done)
-            finished, why_stopped = _run_child(child, select, test_timeout, run)
+            finished, why_stopped = _run_child(child, select, test_timeout, run, deadline)
             if run.collected is None:
                 run.errors.append("pytest stopped before it had collected the tests "
                                   f"({why_stopped}); run with -v to see its output")
                 return [], run.errors
             select = run.remaining()
-            if finished or not select or len(run.done) == before:
+            if finished or not select or len(run.done) == before or \
+                    (deadline and deadline.passed()):
                 break  # a child that finished, or ran nothing, would not do better again
         for name in run.remaining():
-            run.record(TestResult(name, "not_run", "never reported a result"
-                                  + (f" ({why_stopped})" if why_stopped else ""),
-                                  run.points[name]))
+            if deadline and deadline.passed():
+                run.record(TestResult(name, "timeout", f"not run: {deadline.why}",
+                                      run.points[name]))
+            else:
+                run.record(TestResult(name, "not_run", "never reported a result"
+                                      + (f" ({why_stopped})" if why_stopped else ""),
+                                      run.points[name]))
         return [run.done[t.name] for t in run.collected], run.errors
 
 
@@ -228,8 +293,8 @@ class _Run:
             self.listener.test_done(test)
 
 
-def _run_child(child: _Child, select: list[str] | None, test_timeout: float,
-               run: _Run) -> tuple[bool, str]:
+def _run_child(child: _Child, select: list[str] | None, test_timeout: float, run: _Run,
+               deadline: Deadline | None = None) -> tuple[bool, str]:
     """Run the selected tests (all when None) in one child; return (it finished normally,
     why it stopped)."""
     proc, results_file = child.start(select)
@@ -254,13 +319,18 @@ def _run_child(child: _Child, select: list[str] | None, test_timeout: float,
                 finished = True
         if code is not None:
             break
-        if running and time.time() - running[1] > test_timeout:
+        too_long = running and time.time() - running[1] > test_timeout
+        out_of_time = deadline and deadline.passed() and run.collected is not None
+        if too_long or out_of_time:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            run.record(TestResult(running[0], "timeout",
-                                  f"still running after {test_timeout:.0f} s: killed "
-                                  "(an infinite loop? a kernel that never returns?)",
-                                  run.points.get(running[0], 1.0)))
+            if not running:
+                return False, deadline.why
+            why = (f"still running after {test_timeout:.0f} s: killed (an infinite loop? a "
+                   "kernel that never returns?)" if too_long else
+                   f"{deadline.why} while it ran: killed")
+            run.record(TestResult(running[0], "timeout", why, run.points.get(running[0], 1.0),
+                                  round(time.time() - running[1], 3)))
             return False, f"the test process was killed after {running[0]} timed out"
         time.sleep(0.1)
     if finished:
@@ -271,7 +341,8 @@ def _run_child(child: _Child, select: list[str] | None, test_timeout: float,
         run.errors.append(f"pytest exited with status {code}{_signal_name(code)} before finishing")
         return False, f"pytest exited with status {code}{_signal_name(code)}"
     why = f"the test process died (exit status {code}{_signal_name(code)})"
-    run.record(TestResult(running[0], "crashed", why, run.points.get(running[0], 1.0)))
+    run.record(TestResult(running[0], "crashed", why, run.points.get(running[0], 1.0),
+                          round(time.time() - running[1], 3)))
     return False, why
 
 

@@ -60,13 +60,13 @@ def test_bad_flags_are_usage_errors_without_a_gpu(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("module,argv,needle", [
-    ("kernels", ["--json", "{tmp}/nope/k.json"], "--json {tmp}/nope/k.json cannot be written"),
+    ("kernels", ["--json", "{tmp}/file/k.json"], "--json {tmp}/file/k.json cannot be written"),
     ("kernels", ["--json", "{tmp}"], "it is a directory"),
     ("kernels", ["--only", "rmsnrom"], "unknown --only name(s) ['rmsnrom']"),
     ("kernels", ["--only", ""], "--only names no kernel"),
-    ("engine", ["--json", "{tmp}/nope/e.json"], "cannot be written"),
-    ("throughput", ["--json", "{tmp}/nope/t.json"], "cannot be written"),
-    ("profile", ["--json", "{tmp}/nope/p.json"], "cannot be written"),
+    ("engine", ["--json", "{tmp}/file/e.json"], "cannot be written"),
+    ("throughput", ["--json", "{tmp}/file/t.json"], "cannot be written"),
+    ("profile", ["--json", "{tmp}/file/p.json"], "cannot be written"),
     ("profile", ["--batch", "0"], "--batch and --context must be at least 1"),
     ("plot", ["x.json", "--out", "{tmp}/file"], "--out {tmp}/file cannot be a folder"),
 ], ids=["kernels-json-folder", "kernels-json-dir", "kernels-only", "kernels-only-empty",

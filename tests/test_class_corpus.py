@@ -169,7 +169,8 @@ def test_resume_grades_only_what_is_missing(graded):
     kept = [ln for ln in lines if json.loads(ln)["student"] != "plain_file"]
     progress.write_text("\n".join(kept) + '\n{"student": "half-writ')
     proc = grade_class(str(graded["subs"]), "--stages", "02", "--csv", str(tmp / "again.csv"),
-                       "--progress", str(progress), "--resume", "--timeout", "90", cwd=tmp)
+                       "--progress", str(progress), "--resume", "--timeout", "90",
+                       "--extra-tests", str(tmp / "hidden"), cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-2000:]
     graded_now = [ln for ln in proc.stdout.splitlines()
                   if " stage 02: " in ln and not ln.startswith("similar:")]

@@ -362,3 +362,55 @@ def test_a_grade_made_against_changed_tests_is_not_kept(tmp_path, monkeypatch, c
     assert "changed while alice was graded (stage 02, not kept)" in capsys.readouterr().err
     assert progress.read_text() == "", "the grade made against changed tests was kept"
 
+
+
+def _fake_bwrap(folder: Path, works: bool) -> str:
+    """A `bwrap` that passes the sandbox's probe or fails it."""
+    folder.mkdir(parents=True)
+    exe = folder / "bwrap"
+    exe.write_text(f"#!/bin/sh\nexit {0 if works else 1}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+@pytest.mark.parametrize("path_works", [True, False], ids=["path-works", "path-fails"])
+def test_tinyvllm_bwrap_comes_first_and_each_bwrap_is_tried(tmp_path, monkeypatch, path_works):
+    """TINYVLLM_BWRAP was ignored when a bwrap was on PATH, and a PATH bwrap that failed its
+    probe meant no sandbox, the others untried."""
+    on_path = _fake_bwrap(tmp_path / "bin", path_works)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    chosen = _fake_bwrap(tmp_path / "chosen", True)
+    broken = _fake_bwrap(tmp_path / "broken", False)
+    sandbox.bwrap_path.cache_clear()
+    try:
+        monkeypatch.setenv(sandbox.BWRAP_ENV, chosen)
+        assert sandbox.candidates()[:2] == [chosen, on_path]
+        assert sandbox.bwrap_path() == chosen, "the variable comes first"
+        sandbox.bwrap_path.cache_clear()
+        monkeypatch.setenv(sandbox.BWRAP_ENV, broken)
+        assert sandbox.bwrap_path() == (on_path if path_works else next(
+            (c for c in sandbox.candidates()[2:] if sandbox._works(c)), None)), \
+            "a bwrap that fails its probe: the next one is tried"
+    finally:
+        monkeypatch.undo()
+        sandbox.bwrap_path.cache_clear()
+
+
+def test_a_zips_macosx_folder_is_not_a_student(tmp_path):
+    """A zip made on a Mac unpacks a __MACOSX/ folder beside the students': it was graded as
+    one (0 for every stage)."""
+    for name in ("__MACOSX", ".DS_Store", "alice"):
+        (tmp_path / name).mkdir()
+    assert [s.name for s in submission.students(tmp_path)] == ["alice"]
+
+
+def test_a_student_named_reference_is_refused(tmp_path, capsys):
+    """The similarity report names the course's solution 'reference': a student of that name
+    could not be told from it."""
+    from grader import __main__ as grader_cli
+    for name in ("alice", "reference"):
+        (tmp_path / "subs" / name).mkdir(parents=True)
+    assert grader_cli.main(["class", str(tmp_path / "subs"), "--stages", "02"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "named 'reference'" in err and "rename" in err, err
+    assert not (tmp_path / "subs-progress.jsonl").exists()

@@ -229,12 +229,40 @@ def test_reports_json_junit_csv(tmp_path):
     report.write_json(tmp_path / "r.json", [report.as_dict(result)])
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["score"] == pytest.approx(25) and data["counts"]["todo"] == 1
-    report.write_junit(tmp_path / "r.xml", [("alice ", result)])
+    report.write_junit(tmp_path / "r.xml", [("alice", result)])
     suite = ET.parse(tmp_path / "r.xml").getroot().find("testsuite")
+    assert suite.get("name") == "alice stage 02"
     assert suite.get("failures") == "2" and suite.get("skipped") == "1", (
         "TODO and missing (a class test that never reported) are failures")
     report.write_csv(tmp_path / "r.csv", [{"student": "alice", "stage_02": "33.3"}])
     assert (tmp_path / "r.csv").read_text().splitlines()[1] == "alice,33.3"
+
+
+def test_junit_keeps_students_and_test_files_apart(tmp_path):
+    """Every test case was classed "stage02" and named without its folder, so a CI viewer
+    (keyed on classname and name) merged two students' tests, and a hidden test with a
+    course test of the same file name; a stage's error was an <error> right under
+    <testsuite>, which the common JUnit schema does not allow."""
+    stage = manifest.find("02")
+    names = ["stages/02_tokenize/tests/test_h.py::test_x", "02_tokenize/test_h.py::test_x"]
+    alice = runner.StageResult(stage, "x", [runner.TestResult(n, "passed") for n in names])
+    bob = runner.StageResult(stage, "x", [runner.TestResult(n, "missing", "no result")
+                                          for n in names],
+                             errors=["could not collect test_h.py:\nSyntaxError"])
+    report.write_junit(tmp_path / "class.xml", [("alice", alice), ("bob.smith", bob)])
+    report.write_junit(tmp_path / "local.xml", [("", alice)])
+    suites = ET.parse(tmp_path / "class.xml").getroot().findall("testsuite")
+    keys = [(c.get("classname"), c.get("name")) for s in suites for c in s.iter("testcase")]
+    assert len(set(keys)) == len(keys) == 5, keys
+    assert keys[:2] == [("alice.stage02", n) for n in names], keys
+    assert keys[2] == ("bob_smith.stage02", "(submission)"), "dots would read as packages"
+    assert [child.tag for child in suites[1]] == ["properties"] + ["testcase"] * 3
+    error = suites[1].find("testcase").find("error")
+    assert error.get("message") == "could not collect test_h.py:" and "SyntaxError" in error.text
+    assert (suites[1].get("tests"), suites[1].get("errors")) == ("3", "1")
+    local = ET.parse(tmp_path / "local.xml").getroot().find("testsuite")
+    assert local.get("name") == "stage 02"
+    assert {c.get("classname") for c in local.iter("testcase")} == {"stage02"}
 
 
 DEV_FULL = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
@@ -314,9 +342,9 @@ def test_missing_toolchain_is_not_reported_as_a_compile_failure(monkeypatch):
 @pytest.mark.parametrize("args,message", [
     (["01", "--timeout", "-5"], "--timeout must be a positive number of seconds"),
     (["01", "--student-root", "/nonexistent/stages"], "is not a directory"),
-    (["01", "--json", "/nonexistent/dir/r.json"], "cannot be written"),
+    (["01", "--json", "README.md/r.json"], f"cannot be written: {ROOT / 'README.md'} is a file"),
     (["reset", "01", "--student-root", "/nonexistent/stages"], "is not a directory"),
-    (["class", ".", "--csv", "/nonexistent/dir/g.csv"], "--csv /nonexistent/dir/g.csv cannot be written"),
+    (["class", ".", "--csv", "README.md/g.csv"], "--csv README.md/g.csv cannot be written"),
     (["class", ".", "--student-timeout", "0"], "--student-timeout must be a positive number"),
     (["04", "--student-root", str(ROOT)], "has no 04_rmsnorm/ folder"),
     (["emulate", "04", "--student-root", str(ROOT)], f"did you mean {ROOT / 'stages'}?"),
@@ -395,3 +423,18 @@ def test_sync_takes_only_its_own_arguments(argv, code, needle, monkeypatch, caps
     out, err = capsys.readouterr()
     assert needle in out + err
 
+
+
+def test_the_help_lists_every_exit_status_and_both_hidden_folders(capsys):
+    """`--help` listed 0, 1 and 2, not the class command's 3; the class help said
+    `DIR/NN_name/ (or DIR/NN/)` while both folders are added."""
+    from grader import __main__ as grader_cli
+    assert grader_cli.main(["--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "3 the course's tests changed while a student was graded" in text
+    assert "130" in text
+    for argv in (["class", "--help"], ["02", "--help"]):
+        with pytest.raises(SystemExit):
+            grader_cli.main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert "DIR/NN_name/ and DIR/NN/, each one that exists, are added" in text, argv

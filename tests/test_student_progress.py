@@ -9,7 +9,7 @@ import pytest
 
 from course import manifest
 from grader import __main__ as cli
-from grader import reset, runner, sync
+from grader import report, reset, runner, sync
 
 READY = [s for s in manifest.stages() if s.ready]
 
@@ -88,3 +88,58 @@ def test_reset_of_an_unknown_stage_is_one_line(capsys):
 def test_course_commands_are_in_the_help(word, capsys):
     assert cli.main(["--help"]) == 0
     assert f"python3 -m grader {word}" in capsys.readouterr().out
+
+
+def test_an_untouched_part_is_unwritten_and_a_written_one_is_not(tmp_path):
+    """What tells an untouched kernel from a finished one where neither can be tested: the
+    skeleton itself, or a TODO still returned or raised (a TODO comment left above written
+    code does not count)."""
+    stage = manifest.find("03")
+    assert runner.unwritten_parts(stage, None) == ["embedding.cu"], "the repo's skeleton"
+    folder = tmp_path / stage.dir
+    folder.mkdir()
+    assert runner.unwritten_parts(stage, tmp_path) == ["embedding.cu"], "a missing part"
+    solution = (stage.solution_dir() / "embedding.cu").read_text()
+    (folder / "embedding.cu").write_text("// TODO stage 03: done, comment kept\n" + solution)
+    assert runner.unwritten_parts(stage, tmp_path) == []
+    (folder / "embedding.cu").write_text(solution + '\nconst char* f() { return "TODO stage 03: '
+                                         'x (about 1 line)"; }\n')
+    assert runner.unwritten_parts(stage, tmp_path) == ["embedding.cu"]
+
+
+def test_an_untouched_gpu_only_stage_is_not_done_on_a_cpu(monkeypatch, capsys):
+    """Without a GPU, stages with no CPU test (03, 04, ...) read '0/100 done here' while still
+    the skeleton, and `next` went past them. A stage whose parts are not written is not done
+    here, and the map says what this machine can do instead."""
+    gpu_only = [s for s in READY if s.id in ("03", "04")]
+    graded: list[str] = []
+
+    def run(stage, student_ids, student_root=None, extra_tests=None, test_timeout=0.0,
+            verbose=False, listener=None):
+        graded.append(stage.id)
+        outcome = "not_graded" if stage in gpu_only else "passed"
+        result = runner.StageResult(stage, "x", [runner.TestResult("t.py::test_k", outcome)])
+        result.unwritten = list(stage.parts) if stage in gpu_only else []
+        return result
+    monkeypatch.setattr(runner, "run_stage", run)
+    assert cli.main(["all"]) == 1
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()
+             if ln.startswith("  ") and ln.split()}
+    for stage in gpu_only:
+        assert "done here" not in lines[stage.dir] and "not started" in lines[stage.dir]
+    assert "(GPU-only: its tests need a CUDA device)" in lines["03_embedding"]
+    assert "(GPU-only: `grader emulate 04` runs your kernel on the CPU)" in lines["04_rmsnorm"]
+    graded.clear()
+    assert cli.main(["next"]) == 1
+    out = capsys.readouterr().out
+    assert graded[-1] == gpu_only[0].id and f"Next: stage {gpu_only[0].id}" in out
+    assert "Not written yet: embedding.cu" in out
+
+
+def test_a_stage_with_every_part_written_is_done_here():
+    """The control: the same not-graded tests with the parts written read 'done here'."""
+    stage = manifest.find("03")
+    result = runner.StageResult(stage, "x", [runner.TestResult("t.py::test_k", "not_graded")])
+    assert report.standing(result) == "done here"
+    result.unwritten = ["embedding.cu"]
+    assert report.standing(result) == "not started"

@@ -38,8 +38,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--junit", type=Path, metavar="FILE", help="JUnit XML, a suite per student and stage")
     p.add_argument("--similarity", type=Path, metavar="FILE",
                    help="suspicious pairs (shared lines with the reference or a classmate) as JSON")
-    p.add_argument("--extra-tests", type=Path, metavar="DIR",
-                   help="instructor's hidden tests: DIR/NN_name/ (or DIR/NN/) is added to stage NN")
+    p.add_argument("--extra-tests", type=Path, metavar="DIR", help=arguments.EXTRA_TESTS_HELP)
     p.add_argument("--progress", type=Path, metavar="FILE",
                    help="results appended as each student finishes "
                         "(default: SUBMISSIONS-progress.jsonl beside SUBMISSIONS)")
@@ -50,8 +49,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--compile-timeout", type=float, default=180.0, metavar="S",
                    help="seconds the compiler may take on one student's kernels (default %(default)s)")
     p.add_argument("--student-timeout", type=float, default=900.0, metavar="S",
-                   help="seconds all of one student's GPU tests of a stage may take together "
-                        "(default %(default)s)")
+                   help="seconds all of one student's tests of a stage (CPU and GPU) may take "
+                        "together (default %(default)s)")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest's own output")
     args = p.parse_args(argv)
     arguments.positive_seconds(p, timeout=args.timeout, compile_timeout=args.compile_timeout,
@@ -60,6 +59,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     arguments.writable_files(p, csv=args.csv, json=args.json, junit=args.junit,
                              similarity=args.similarity, progress=args.progress)
     arguments.replay_seed(p)
+    if args.extra_tests:   # the tests run with the course as their working folder
+        args.extra_tests = args.extra_tests.resolve()
     return args
 
 
@@ -79,23 +80,53 @@ def main(argv: list[str]) -> int:
         raise manifest.UnknownStage(f"{args.submissions} holds no student folders: nothing to "
                                     "grade (SUBMISSIONS is the folder that holds one folder per "
                                     "student)")
+    if any(s.name == similarity.REFERENCE for s in students):
+        raise manifest.UnknownStage(
+            f"{subs / similarity.REFERENCE} is a student named {similarity.REFERENCE!r}, the "
+            "similarity report's name for the course's solution: rename the folder "
+            "(reference_student, say) and run again")
+    try:
+        return _grade_class(args, chosen, students)
+    except KeyboardInterrupt:   # children.install has killed the test and student processes
+        kept = load_progress(args.progress) if args.progress.exists() else {}
+        graded = sum(all((s.name, stage.id) in kept for stage in chosen) for s in students)
+        print(f"\ninterrupted: {graded} of {len(students)} students graded and kept in "
+              f"{args.progress}; run the same command with --resume to go on", file=sys.stderr)
+        return 130
+
+
+def _grade_class(args: argparse.Namespace, chosen: list[manifest.Stage],
+                 students: list[submission.Student]) -> int:
+    subs = args.submissions.resolve()
     print(f"sandbox: {sandbox.mode()}")
+    warning = report.unmatched_warning(args.extra_tests) if args.extra_tests else ""
+    if warning:
+        print(warning, file=sys.stderr)
     cases = {}
     for stage in chosen:
         cases[stage.id], problem = collect.collect(runner.test_paths(stage, args.extra_tests))
         if problem or not cases[stage.id]:
-            print(f"error: the course's tests of stage {stage.id} do not collect:\n{problem}",
-                  file=sys.stderr)
+            print(f"error: {_not_collecting(stage, args.extra_tests, problem)}", file=sys.stderr)
             return 2
+        if args.extra_tests:
+            print(report.hidden_line(stage, args.extra_tests, [c.name for c in cases[stage.id]]))
+    basis = {stage.id: grade_basis(stage, cases[stage.id], args) for stage in chosen}
     outputs = [p for p in (args.csv, args.json, args.junit, args.similarity, args.progress) if p]
     hidden = [subs, *(p.resolve().parent for p in outputs),
-              *([args.extra_tests.resolve()] if args.extra_tests else [])]
+              *([args.extra_tests] if args.extra_tests else [])]
     settings = grade.Settings(args.extra_tests, args.timeout, args.compile_timeout,
                               args.verbose, args.student_timeout,
                               hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
+    mismatch = resume_mismatch(done, basis)
+    if mismatch:
+        print(f"error: --resume: the grades in {args.progress} {mismatch}", file=sys.stderr)
+        return 2
+    args.progress.parent.mkdir(parents=True, exist_ok=True)
     args.progress.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-    guarded = fingerprint(chosen, args.extra_tests)
+    shared_tests = [s.tests_dir() for s in chosen] + ([args.extra_tests] if args.extra_tests
+                                                      else [])
+    guarded = fingerprint(shared_tests)
     with tempfile.TemporaryDirectory(prefix="tinyvllm-class-") as work:
         os.chmod(work, 0o755)
         for student in students:
@@ -106,14 +137,15 @@ def main(argv: list[str]) -> int:
                                                      Path(work))
                 # checked before the record is kept: --resume must not keep a grade made
                 # against changed tests
-                if fingerprint(chosen, args.extra_tests) != guarded:
+                if fingerprint(shared_tests) != guarded:
                     print(f"error: the course's tests or code changed while {student.name} was "
                           f"graded (stage {stage.id}, not kept): stopping. Restore your copy "
                           "of the course (git status) and run again with --resume.",
                           file=sys.stderr)
                     return 3
                 record = {"student": clean(student.name, 200), **report.as_dict(result),
-                          "problems": [clean(p, 500) for p in problems]}
+                          "problems": [clean(p, 500) for p in problems],
+                          "basis": basis[stage.id]}
                 append(args.progress, record)
                 done[student.name, stage.id] = record
                 print(f"{clean(student.name, 200):<24} stage {stage.id}: "
@@ -122,6 +154,17 @@ def main(argv: list[str]) -> int:
     # a report that cannot be written is said, the others are still written, and the results
     # stay in the progress file for --resume
     return 0 if write_reports(args, chosen, students, done) else 2
+
+
+def _not_collecting(stage: manifest.Stage, extra_tests: Path | None, problem: str) -> str:
+    """Whose tests of `stage` do not collect: the hidden ones when the course's own do."""
+    hidden = runner.hidden_dirs(stage, extra_tests)
+    if hidden:
+        own, own_problem = collect.collect([stage.tests_dir()])
+        if own and not own_problem:
+            return (f"the hidden tests in {' and '.join(map(str, hidden))} (stage {stage.id}) "
+                    f"do not collect:\n{problem}")
+    return f"the course's tests of stage {stage.id} do not collect:\n{problem}"
 
 
 def load_progress(path: Path) -> dict[tuple[str, str], dict]:
@@ -143,18 +186,65 @@ def append(path: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def fingerprint(stages: list[manifest.Stage], extra: Path | None) -> str:
-    """A hash of the tests, the hidden tests and the pytest setup that every student shares
-    (the last line of defence where no sandbox hides them)."""
+def fingerprint(roots: list[Path], cases: list[collect.Case] | None = None) -> str:
+    """A hash of the tests under `roots`, the pytest setup that every student shares and (when
+    given) the test list with its points: what a grade is made against (the last line of
+    defence where no sandbox hides them). Files count by their path below their root, so a
+    copy of the course or of the hidden tests moved elsewhere hashes the same."""
     h = hashlib.sha256()
-    roots = [s.tests_dir() for s in stages] + ([extra] if extra else [])
-    files = [manifest.ROOT / "conftest.py", manifest.ROOT / "pyproject.toml"]
+    files = [(f.name, f) for f in (manifest.ROOT / "conftest.py", manifest.ROOT / "pyproject.toml")]
     for root in roots:
-        files += sorted(p for p in Path(root).rglob("*") if p.is_file()
-                        and "__pycache__" not in p.parts)
-    for f in files:
-        h.update(str(f).encode() + b"\0" + (f.read_bytes() if f.exists() else b"-") + b"\0")
+        files += [(f"{root.name}/{p.relative_to(root).as_posix()}", p)
+                  for p in sorted(Path(root).rglob("*"))
+                  if p.is_file() and "__pycache__" not in p.parts]
+    for name, f in files:
+        h.update(name.encode() + b"\0" + (f.read_bytes() if f.exists() else b"-") + b"\0")
+    for c in cases or []:
+        h.update(json.dumps([c.name, c.points, c.gpu]).encode() + b"\0")
     return h.hexdigest()
+
+
+LIMITS = ("timeout", "compile_timeout", "student_timeout")
+
+
+def grade_basis(stage: manifest.Stage, cases: list[collect.Case],
+                args: argparse.Namespace) -> dict:
+    """What a grade of `stage` depends on besides the student's files, kept in its progress
+    record: its tests (the course's and the hidden ones) and the time limits."""
+    hidden = runner.hidden_counts(stage, args.extra_tests, [c.name for c in cases])
+    return {"tests": fingerprint(runner.test_paths(stage, args.extra_tests), cases),
+            "hidden_tests": sum(n for _, n in hidden),
+            **{limit: getattr(args, limit) for limit in LIMITS}}
+
+
+def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -> str:
+    """Why the grades kept for --resume were made against other tests or limits than this
+    run's, as the end of a sentence about them; "" when they were not (or there are none)."""
+    differ: list[str] = []
+    for (_, stage_id), record in done.items():
+        then, now = record.get("basis"), basis.get(stage_id)
+        if now is None:
+            continue     # a stage this run does not grade: kept, not reported
+        if not isinstance(then, dict):
+            return ("do not say what they were graded against (an older grader wrote them): "
+                    "run without --resume to grade afresh")
+        if then.get("tests") != now["tests"]:
+            differ.append(f"stage {stage_id}'s tests differ ({then.get('hidden_tests')} hidden "
+                          f"tests then, {now['hidden_tests']} now)"
+                          if then.get("hidden_tests") != now["hidden_tests"] else
+                          f"stage {stage_id}'s tests have changed since")
+        differ += [f"--{limit.replace('_', '-')} {_number(then.get(limit))} then, "
+                   f"{_number(now[limit])} now"
+                   for limit in LIMITS if then.get(limit) != now[limit]]
+    if not differ:
+        return ""
+    return (f"were made against other tests or limits ({'; '.join(dict.fromkeys(differ))}): "
+            "run the first run's command (the same --extra-tests and timeouts) with --resume, "
+            "or this one without --resume to grade afresh")
+
+
+def _number(value: object) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 def _result(record: dict) -> runner.StageResult:
@@ -179,10 +269,10 @@ def write_reports(args: argparse.Namespace, chosen: list[manifest.Stage],
     for student in students:
         row = {"student": clean(student.name, 200)}
         for stage in chosen:
-            record = done[student.name, stage.id]
+            record = {k: v for k, v in done[student.name, stage.id].items() if k != "basis"}
             record["similar"] = flagged.get((student.name, stage.id), [])
             records.append(record)
-            suites.append((f"{record['student']} ", _result(record)))
+            suites.append((record["student"], _result(record)))
             row[f"stage_{stage.id}"] = f"{record['score']:g}"
         row["total"] = f"{sum(float(row[f'stage_{s.id}']) for s in chosen):g}"
         rows.append(row)

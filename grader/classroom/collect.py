@@ -2,8 +2,9 @@
 
     python3 -m pytest --collect-only -p grader.classroom.collect ...   (with TINYVLLM_COLLECT=F)
 
-writes one JSON line per test: its node id, its points (from the course's markers) and
-whether it needs a GPU. The class grader scores every stage against this list.
+writes one JSON line per test: its name (grader.pytest_plugin.result_name), its points (from
+the course's markers) and whether it needs a GPU. The class grader scores every stage against
+this list.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course import manifest
+from grader.pytest_plugin import result_name
 
 OUT_ENV = "TINYVLLM_COLLECT"
 
@@ -34,7 +36,7 @@ def pytest_collection_finish(session) -> None:
     with open(path, "w") as f:
         for item in session.items:
             marker = item.get_closest_marker("points")
-            f.write(json.dumps({"name": item.nodeid,
+            f.write(json.dumps({"name": result_name(item),
                                 "points": float(marker.args[0]) if marker else 1.0,
                                 "gpu": item.get_closest_marker("gpu") is not None}) + "\n")
 

@@ -5,7 +5,8 @@ code and the tests share a process (unlike the CPU tests, judged apart). What th
 still controls, from outside that process:
 
     time      each test has --timeout from the moment it is seen to start; the student's
-              whole GPU run has --student-timeout. A test past its limit is killed with its
+              tests of the stage have --student-timeout together (what the CPU tests left of
+              it: grade.py). A test past its limit is killed with its
               process (and, with bubblewrap, its PID namespace), which releases the GPU; the
               tests not yet run go on in a fresh process.
     crashes   a test that kills its process, or leaves the CUDA context unusable (the
@@ -150,14 +151,16 @@ class _Reader:
 
 def run_tests(stage: manifest.Stage, cases: list, student_root: Path, shared: Path,
               view: Path, env: dict[str, str], settings: Settings, marker: str = "gpu",
-              paths: list[Path] | None = None) -> dict[str, runner.TestResult]:
-    """Run `cases` (the course's GPU tests of `stage`) with the student's kernels; return
-    a result for each test that got one (a test without one scores zero, named missing).
-    (`marker` and `paths` let the tests of this module watch CPU tests.)"""
+              paths: list[Path] | None = None,
+              deadline: runner.Deadline | None = None) -> dict[str, runner.TestResult]:
+    """Run `cases` (the course's GPU tests of `stage`) with the student's kernels, until the
+    deadline (default: --student-timeout from now); return a result for each test that got
+    one (a test without one scores zero, named missing). (`marker` and `paths` let the
+    tests of this module watch CPU tests.)"""
     from grader.pytest_plugin import RESULTS_ENV, SELECT_ENV
     wanted = [c.name for c in cases]
     got: dict[str, runner.TestResult] = {}
-    deadline = time.monotonic() + settings.student_timeout
+    deadline = deadline or student_deadline(settings)
     budget = [READ_LIMIT]
     extra = [p for p in [settings.extra_tests] if p]
     mounts = sandbox.Mounts([student_root, *extra], [shared], [manifest.ROOT, *settings.hidden],
@@ -172,8 +175,8 @@ def run_tests(stage: manifest.Stage, cases: list, student_root: Path, shared: Pa
         remaining = [name for name in wanted if name not in got]
         if not remaining:
             break
-        if time.monotonic() >= deadline:
-            _out_of_time(remaining, got, settings)
+        if deadline.passed():
+            _out_of_time(remaining, got, deadline)
             break
         runs += 1
         select = shared / f"gpu-select-{runs}.txt"
@@ -193,8 +196,15 @@ def run_tests(stage: manifest.Stage, cases: list, student_root: Path, shared: Pa
     return got
 
 
-def _watch(proc, results: Path, wanted: set[str], got: dict, settings, deadline: float,
-           budget: list[int]) -> None:
+def student_deadline(settings: Settings) -> runner.Deadline:
+    """--student-timeout from now: when all of one student's tests of a stage must end."""
+    return runner.Deadline(time.monotonic() + settings.student_timeout,
+                           f"the student's time for this stage's tests "
+                           f"({settings.student_timeout:.0f} s, --student-timeout) ran out")
+
+
+def _watch(proc, results: Path, wanted: set[str], got: dict, settings,
+           deadline: runner.Deadline, budget: list[int]) -> None:
     """Follow one process until it ends or a limit ends it."""
     reader = _Reader(budget)
     running: tuple[str, float] | None = None
@@ -210,33 +220,37 @@ def _watch(proc, results: Path, wanted: set[str], got: dict, settings, deadline:
                 running = (name, time.monotonic())
             elif ev.get("event") == "end":
                 got[name] = _result(ev)
+                if running and running[0] == name:
+                    got[name].seconds = round(time.monotonic() - running[1], 3)
                 running = None
         now = time.monotonic()
         if code is not None:
             if running:
                 got[running[0]] = runner.TestResult(
                     running[0], "crashed", f"the test process died (exit status {code}): the "
-                    "tests after it ran in a fresh process")
+                    "tests after it ran in a fresh process", seconds=round(now - running[1], 3))
             return
         if running and now - running[1] > settings.test_timeout:
             got[running[0]] = runner.TestResult(
                 running[0], "timeout", f"still running after {settings.test_timeout:.0f} s: "
                 "killed (an infinite loop? a kernel that never returns?); the tests after it "
-                "ran in a fresh process")
+                "ran in a fresh process", seconds=round(now - running[1], 3))
             return
-        if now >= deadline:
-            _out_of_time([n for n in wanted if n not in got], got, settings)
+        if deadline.passed():
+            if running:
+                got[running[0]] = runner.TestResult(
+                    running[0], "timeout", f"{deadline.why} while it ran: killed",
+                    seconds=round(now - running[1], 3))
+            _out_of_time([n for n in wanted if n not in got], got, deadline)
             return
         if not running and now - quiet_since > max(settings.test_timeout, QUIET):
             return   # stuck outside any test (collection, teardown): a fresh process, if any
         time.sleep(0.1)
 
 
-def _out_of_time(names: list[str], got: dict, settings) -> None:
+def _out_of_time(names: list[str], got: dict, deadline: runner.Deadline) -> None:
     for name in names:
-        got[name] = runner.TestResult(
-            name, "timeout", f"the student's time for GPU tests ({settings.student_timeout:.0f}"
-            " s, --student-timeout) ran out before this test finished")
+        got[name] = runner.TestResult(name, "timeout", f"not run: {deadline.why}")
 
 
 def _result(ev: dict) -> runner.TestResult:

@@ -8,6 +8,10 @@
                 test and per student, a fresh process after a crash or a sticky CUDA error.
                 Their outcomes come from that process and are only as trustworthy as it is:
                 see docs/instructors.md.
+    Time        each test has --timeout (a call into the student's code that does not answer
+                within it ends the test as `timeout`); all of a student's tests of a stage,
+                CPU then GPU, have --student-timeout together: when it runs out, the test in
+                progress is killed and those not started read `timeout` without running.
     Kernels     the student's .cu parts are compiled in the sandbox under a time limit (an
                 include bomb ends as a timeout, not as a hung class); on a GPU machine the
                 whole kernel library is built there, so the tests only load it. A build that
@@ -35,6 +39,7 @@ from grader.classroom.judge import CONFIG_ENV
 from grader.classroom.text import clean
 
 OUTCOMES = gpu_tests.OUTCOMES
+JUDGE_GRACE = 15.0   # seconds a judged test may run past --timeout (see _judged)
 
 
 @dataclass
@@ -43,7 +48,7 @@ class Settings:
     test_timeout: float = 120.0
     compile_timeout: float = 180.0
     verbose: bool = False
-    student_timeout: float = 900.0     # all of one student's GPU tests of one stage
+    student_timeout: float = 900.0     # all of one student's tests (CPU and GPU) of one stage
     hidden: list[Path] = field(default_factory=list)   # never visible to student code
 
 
@@ -76,8 +81,9 @@ def grade_stage(student: submission.Student, stage: manifest.Stage, cases: list[
                                              whole_library=True)
             else:
                 result.build = compile_parts(stage, student_root, worker_root, shared, settings)
+        deadline = gpu_tests.student_deadline(settings)
         judged, errors = _judged(stage, [c for c in cases if not c.gpu], student_root,
-                                 worker_root, shared, settings, ws)
+                                 worker_root, shared, settings, ws, deadline)
         # a test file that did not collect (a part that fails to import) is said, not only
         # its tests 'missing'; like any collection error it scores the stage zero
         result.errors += [clean(e) for e in errors]
@@ -91,7 +97,7 @@ def grade_stage(student: submission.Student, stage: manifest.Stage, cases: list[
             env = {**_sandbox_env(manifest.ROOT, shared), "TINYVLLM_STUDENT": stage.id,
                    "TINYVLLM_STUDENT_ROOT": str(student_root)}
             gpu.update(gpu_tests.run_tests(stage, gpu_cases, student_root, shared, view, env,
-                                           settings))
+                                           settings, deadline=deadline))
         merged = {**judged, **gpu}
         result.tests = [_trusted(merged.get(c.name), c) for c in cases]
     except Exception as e:   # one student's trouble never stops the class
@@ -111,10 +117,13 @@ def _trusted(got: runner.TestResult | None, case: Case) -> runner.TestResult:
                              float(got.seconds) if isinstance(got.seconds, (int, float)) else 0)
 
 
-def _judged(stage, cases, student_root, worker_root, shared, settings, ws
+def _judged(stage, cases, student_root, worker_root, shared, settings, ws, deadline
             ) -> tuple[dict[str, runner.TestResult], list[str]]:
     """The CPU tests' results, by name, judged against the student's parts in the worker;
-    and the collection errors."""
+    and the collection errors. A test may run JUDGE_GRACE seconds past --timeout, so that a
+    call into the student's code that hangs is ended by the judge (at --timeout: the test
+    reads `timeout`), which counts the worker's restarts, rather than with the judge's
+    process, which would start the count again for every test."""
     if not cases:
         return {}, []
     config = {"student_stages": [stage.id], "student_root": str(student_root),
@@ -127,9 +136,10 @@ def _judged(stage, cases, student_root, worker_root, shared, settings, ws
     os.environ[CONFIG_ENV] = str(path)
     try:
         tests, errors = runner.run_tests(
-            runner.test_paths(stage, settings.extra_tests), [], None, settings.test_timeout,
-            settings.verbose, pytest_args=("-m", "not gpu", "--basetemp", str(shared / "tmp"),
-                                           "-p", "grader.classroom.judge"))
+            runner.test_paths(stage, settings.extra_tests), [], None,
+            settings.test_timeout + JUDGE_GRACE, settings.verbose,
+            pytest_args=("-m", "not gpu", "--basetemp", str(shared / "tmp"),
+                         "-p", "grader.classroom.judge"), deadline=deadline)
     finally:
         if saved is None:
             os.environ.pop(CONFIG_ENV, None)

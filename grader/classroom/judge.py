@@ -18,8 +18,8 @@ student's code did to them, as in a local run. The others (a Tokenizer) are copi
 Objects of the tests themselves (a test's allocator, a lambda it patches in) are lent: the
 worker, which has no tests, calls them back here. A `with` block on a student object never
 swallows the judge's exception, == between two student objects is the student's answer
-coerced to a bool, and a worker that dies or hangs fails the test in progress and is
-restarted (a few times) for the next.
+coerced to a bool, and a worker that dies or hangs fails the test in progress (one that
+hangs past --timeout reads `timeout`) and is restarted (a few times) for the next.
 
 Configured by a JSON file named in TINYVLLM_CLASSROOM_JUDGE (written by grade.py).
 """
@@ -45,6 +45,7 @@ from course import manifest, parts
 from grader.classroom import protocol, sandbox
 from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
 from grader.classroom.harness import SHARED_ENV
+from grader.pytest_plugin import TimedOut
 
 CONFIG_ENV = "TINYVLLM_CLASSROOM_JUDGE"
 MAX_RESTARTS = 3
@@ -57,6 +58,11 @@ class RemoteError(Exception):
 
 class WorkerFailed(RemoteError):
     """The worker died, hung or sent something that is not a reply."""
+
+
+class WorkerTimeout(WorkerFailed, TimedOut):
+    """The worker did not answer within --timeout: the test reads `timeout` (TimedOut), as
+    one that the grader kills for running too long does."""
 
 
 KNOWN: dict[tuple[str, str], type] = {
@@ -143,6 +149,7 @@ class Connection:
         self.proc: subprocess.Popen | None = None
         self.gen = 0
         self.deaths = 0
+        self.last_death: type[WorkerFailed] = WorkerFailed   # a hang: WorkerTimeout
         self.mirrors: dict[tuple[int, int], type] = {}
         self.maps: dict[tuple, object] = {}
         self.shared = Path(config["shared"]).resolve()
@@ -156,9 +163,9 @@ class Connection:
 
     # --- the process ----------------------------------------------------------------------
     def start(self) -> None:
-        if self.deaths > MAX_RESTARTS:
-            raise WorkerFailed(f"the student's code killed or hung its process {self.deaths} "
-                               "times; not restarting it again")
+        if self.deaths > MAX_RESTARTS:   # not run, for the reason its process last ended
+            raise self.last_death(f"the student's code killed or hung its process "
+                                  f"{self.deaths} times; not restarting it again")
         c = self.config
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "HOME": c["shared"], "PYTHONPATH": c["worker_root"],
@@ -181,10 +188,11 @@ class Connection:
             sandbox.kill(self.proc)
             self.proc = None
 
-    def _died(self, why: str) -> WorkerFailed:
+    def _died(self, why: str, kind: type[WorkerFailed] = WorkerFailed) -> WorkerFailed:
         self.stop()
         self.deaths += 1
-        return WorkerFailed(f"the student's code {why}")
+        self.last_death = kind
+        return kind(f"the student's code {why}")
 
     # --- requests -------------------------------------------------------------------------
     def module(self, stage_id: str, name: str) -> Remote:
@@ -207,7 +215,7 @@ class Connection:
             ready, _, _ = select.select([fd], [], [], self.config["call_timeout"])
             if not ready:
                 raise self._died(f"did not answer within {self.config['call_timeout']:.0f} s "
-                                 "(an infinite loop?)")
+                                 "(an infinite loop?)", WorkerTimeout)
             try:
                 envelope = protocol.safe_loads(protocol.read_frame(fd), _no_pid)
             except EOFError:

