@@ -16,6 +16,7 @@ import torch
 
 from course import parts
 from course.testing import fixtures
+from course.testing.engine_audit import audit
 
 BLOCK = 4
 
@@ -50,44 +51,6 @@ MAX_NEW = 16   # tokens the solo oracle computes per prompt
 
 def solo_oracle(tiny):
     return fixtures.Solo(new_model(tiny), MAX_NEW)
-
-
-def audit(engine, where: str) -> None:
-    """The pool between two steps (see the top)."""
-    bm, s = engine.scheduler.allocator, engine.scheduler
-    holders: dict[int, list] = {}
-    for q in s.running:
-        assert len(set(q.block_table)) == len(q.block_table), (
-            f"{where}: sequence {q.seq_id} holds a block twice: {q.block_table}")
-        assert len(q.block_table) * BLOCK >= q.num_tokens - 1 and \
-            len(q.block_table) <= -(-engine.max_model_len // BLOCK), (
-            f"{where}: sequence {q.seq_id} ({q.num_tokens} tokens) has blocks {q.block_table}")
-        for i, b in enumerate(q.block_table):
-            holders.setdefault(b, []).append((q, i))
-    for q in s.waiting:
-        assert not q.block_table, f"{where}: waiting sequence {q.seq_id} holds blocks"
-    assert bm.pad_block not in holders, f"{where}: the pad block was handed out"
-    for block in bm.blocks:
-        owners = holders.get(block.block_id, [])
-        assert block.ref_count == len(owners), (
-            f"{where}: block {block.block_id} has ref_count {block.ref_count} but "
-            f"{len(owners)} holders")
-        if len(owners) > 1:
-            (first, i), rest = owners[0], owners[1:]
-            tokens = first.token_ids[i * BLOCK: (i + 1) * BLOCK]
-            assert block.hash is not None and len(tokens) == BLOCK, (
-                f"{where}: block {block.block_id} is held by {len(owners)} sequences but is "
-                "not a full, registered prefix block")
-            for q, j in rest:
-                assert j == i and q.token_ids[: (i + 1) * BLOCK] == \
-                    first.token_ids[: (i + 1) * BLOCK], (
-                    f"{where}: block {block.block_id} is shared by sequences {first.seq_id} "
-                    f"and {q.seq_id} whose prefixes differ")
-    free = set(bm.free_blocks)
-    assert free == {b for b in range(1, bm.num_blocks) if b not in holders}, (
-        f"{where}: the free list is not exactly the blocks nobody holds")
-    assert bm.num_free_blocks + len(holders) == bm.num_blocks - 1, (
-        f"{where}: free + used != total: a block leaked or was freed twice")
 
 
 def drive(engine, arrivals):
