@@ -10,7 +10,6 @@ import csv
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys

@@ -2,7 +2,6 @@
 sandbox, compile timeout (grader/classroom/)."""
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -97,7 +96,7 @@ def test_an_object_of_plain_data_is_kept_in_step_both_ways():
     """Stage 11's Sequence given to a student's BlockManager: what the student's code does to
     it is what the test sees after the call (its lists kept themselves), and what the test
     changes reaches the worker's copy, which stays one object."""
-    from grader.classroom import harness, judge
+    from grader.classroom import harness
     from course import parts
     conn, worker = _connection(), harness.Worker()
     seq = parts.reference("11", "sequence").Sequence(0, [1, 2, 3])

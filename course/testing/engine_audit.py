@@ -63,7 +63,7 @@ def audit(engine: LLMEngine, where: str) -> None:
             f"{where}: block {block.block_id} has ref_count {block.ref_count} but "
             f"{len(owners)} holders")
         if len(owners) > 1:
-            (first, i), rest = owners[0], owners[1:]
+            i = owners[0][1]
             assert block.hash is not None and block.token_ids is not None, (
                 f"{where}: block {block.block_id} is held by {len(owners)} sequences but is "
                 "not a registered prefix block")
