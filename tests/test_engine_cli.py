@@ -127,6 +127,14 @@ def test_a_tokenizer_with_ids_the_model_lacks(capsys, tmp_path, tiny_dir):
     assert "prompt 2 (line 2)" in rows[1]["error"] and "does not match" in rows[1]["error"]
 
 
+def test_an_end_of_sequence_id_the_model_cannot_emit(capsys, tmp_path, tiny_dir):
+    """An eos id beyond vocab_size was accepted: no reply could ever stop at it."""
+    vocab = json.loads((tiny_dir / "config.json").read_text())["vocab_size"]
+    d = copy_model(tiny_dir, tmp_path / "m", {"eos_token_id": vocab + 5})
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, f"end-of-sequence id(s) [{vocab + 5}]", "vocabulary")
+
+
 def test_prompt_files_split_at_newlines_only(capsys, tmp_path, tiny_dir):
     """U+2028 inside a prompt (valid in JSON) once split one request into two broken ones; a
     byte-order mark made line 1 'not JSON'; a .JSONL file was read as plain text."""
