@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from course import manifest, ops, parts
-from grader import report
+from grader import environment, report
 
 NO_CUDA = "not measured: no CUDA device"
 BENCH_FILE = Path(__file__).with_name("bench_student.py")
@@ -74,14 +74,6 @@ def stage_cases(stage_id: str) -> list:
     o = Ops()
     return [c for f in families(stage_id) for c in FAMILIES[f](o)
             if case_of_stage(f, c.kernel, stage_id)]
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def _benchmark_rows(out_json: Path) -> list[dict]:
@@ -168,7 +160,7 @@ def main(stage: manifest.Stage, student_root: Path | None = None, solution: bool
               "stages " + ", ".join(sorted({s for n in FAMILY_OPS.values() for op in n
                                              for s in _providers(op)})) + ")")
         return 0
-    if not (_has_cuda() if cuda is None else cuda):
+    if not (environment.has_cuda() if cuda is None else cuda):
         print(f"stage {stage.id} benchmark: {NO_CUDA}")
         return 0
     sides = [("reference", [])] if solution else [("student", [stage.id]), ("reference", [])]

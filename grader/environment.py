@@ -18,6 +18,16 @@ PYPROJECT = ROOT / "pyproject.toml"
 CONSTRAINTS = ROOT / "constraints.txt"
 
 
+def has_cuda() -> bool:
+    """Whether torch is installed and sees a CUDA device (torch is imported only here, on
+    first use: the noxfile reads this module before any environment exists)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def _project(pyproject: Path) -> dict:
     with open(pyproject, "rb") as f:
         return tomllib.load(f)

@@ -11,15 +11,9 @@ import os
 
 import pytest
 
+from grader import environment
+
 NO_CUDA = "not graded: no CUDA device"
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def pytest_configure(config):
@@ -29,7 +23,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
+    if environment.has_cuda():
         # a GPU below the stage's min_cc (grader/capability.py names it in this variable)
         below = os.environ.get("TINYVLLM_GPU_NOT_GRADED")
         if below:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from course import manifest
+from grader import environment
 from grader.classroom import sandbox
 from tests.hostile import cases
 
@@ -189,7 +190,7 @@ def test_stage_01_through_the_judge(tmp_path):
                        "--timeout", "90", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {r["student"]: r for r in json.loads((tmp_path / "g.json").read_text())}
-    gpu_free = "not_graded" if not _has_cuda() else "passed"
+    gpu_free = "not_graded" if not environment.has_cuda() else "passed"
     for t in records["honest"]["tests"]:
         assert t["outcome"] in ("passed", gpu_free), t
     assert any("test_tensors_are_views_of_the_mapped_file" in t["name"] and
@@ -213,15 +214,10 @@ def test_stages_through_the_judge(tmp_path, stage_id):
                        "--timeout", "90", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {r["student"]: r for r in json.loads((tmp_path / "g.json").read_text())}
-    gpu_free = "not_graded" if not _has_cuda() else "passed"
+    gpu_free = "not_graded" if not environment.has_cuda() else "passed"
     for t in records["honest"]["tests"]:
         assert t["outcome"] in ("passed", gpu_free), t
     assert sum(t["outcome"] == "passed" for t in records["honest"]["tests"]) >= 9
     assert not any(t["outcome"] == "passed" for t in records["skeleton"]["tests"])
     assert any(t["outcome"] == "todo" for t in records["skeleton"]["tests"]), \
         "an unwritten part reads TODO through the judge, as in a local run"
-
-
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from course import manifest
+from grader import environment
 from grader.classroom import collect, gpu, grade, sandbox, submission
 from tests.hostile import gpu_class
 
@@ -46,11 +47,6 @@ def test_f_fails():
 def test_g_last():
     assert True
 '''
-
-
-def _has_cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
 
 
 def test_the_watch_restarts_after_hangs_crashes_and_sticky_errors(tmp_path):
@@ -175,7 +171,7 @@ def test_the_expectations_table():
     assert gpu_class.compare(gpu_class.HONEST, cpu, False, True)
 
 
-@pytest.mark.skipif(_has_cuda(), reason="on a GPU machine `grader verify` grades this class")
+@pytest.mark.skipif(environment.has_cuda(), reason="on a GPU machine `grader verify` grades this class")
 def test_the_gpu_class_without_a_gpu(tmp_path):
     lines: list[str] = []
 
@@ -193,7 +189,7 @@ def test_the_gpu_class_without_a_gpu(tmp_path):
     assert (tmp_path / "out" / "gpu_class.json").exists()
 
 
-@pytest.mark.skipif(_has_cuda(), reason="on a GPU machine `grader verify` grades this class")
+@pytest.mark.skipif(environment.has_cuda(), reason="on a GPU machine `grader verify` grades this class")
 def test_one_student_of_the_gpu_class(tmp_path):
     """--only with one student: `grader class --json` writes a list of one record (it
     once wrote a lone record bare, and the checker crashed reading it)."""

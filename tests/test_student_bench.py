@@ -19,7 +19,7 @@ def test_no_gpu_says_not_measured_and_exits_0(capsys):
 
 
 def test_the_command_line_takes_bench(capsys, monkeypatch):
-    monkeypatch.setattr(gbench, "_has_cuda", lambda: False)
+    monkeypatch.setattr(gbench.environment, "has_cuda", lambda: False)
     assert main(["04", "--bench"]) == 0
     assert "not measured: no CUDA device" in capsys.readouterr().out
 
@@ -123,7 +123,7 @@ def test_a_child_that_leaves_an_empty_json_prints_its_output(tmp_path, monkeypat
         open(out, "w").close()
         return subprocess.CompletedProcess(cmd, -11, stdout="collected 3 items\n",
                                            stderr="Fatal Python error: Segmentation fault\n")
-    monkeypatch.setattr(gbench, "_has_cuda", lambda: True)
+    monkeypatch.setattr(gbench.environment, "has_cuda", lambda: True)
     monkeypatch.setattr(gbench.subprocess, "run", crashed_child)
     assert gbench.main(manifest.find("04"), tmp_path, solution=True) == 0
     out = capsys.readouterr().out

@@ -65,7 +65,7 @@ def test_gpu_tests_read_not_graded_never_passed(tmp_path, monkeypatch):
         def test_python():
             pass
     '''))
-    monkeypatch.setattr(pytest_setup, "_has_cuda", lambda: True)
+    monkeypatch.setattr(pytest_setup.environment, "has_cuda", lambda: True)
     reason = capability.too_old(manifest.find("12"), (7, 5))
     results = {}
 

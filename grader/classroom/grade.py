@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course import manifest
-from grader import runner
+from grader import environment, runner
 from grader.classroom import gpu as gpu_tests
 from grader.classroom import sandbox, submission
 from grader.classroom.collect import Case
@@ -71,7 +71,7 @@ def grade_stage(student: submission.Student, stage: manifest.Stage, cases: list[
         shared = ws / "shared"
         shared.mkdir(mode=0o777)
         gpu_cases = [c for c in cases if c.gpu]
-        on_gpu = bool(gpu_cases) and _has_cuda()
+        on_gpu = bool(gpu_cases) and environment.has_cuda()
         view = gpu_tests.course_view(stage, workdir) if on_gpu else None
         if any(p.endswith(".cu") for p in stage.parts):
             if on_gpu:
@@ -210,14 +210,6 @@ def _sandbox_env(python_root: Path, shared: Path) -> dict[str, str]:
         "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")}
     return {**env, "HOME": str(shared), "PYTHONPATH": str(python_root),
             "PYTHONDONTWRITEBYTECODE": "1", "TINYVLLM_CACHE": str(shared / ".cache")}
-
-
-def _has_cuda() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def remove(tree: Path) -> None:
