@@ -60,6 +60,13 @@ def test_resume_refuses_grades_made_against_other_tests_or_limits(tmp_path, caps
     assert grader_cli.main(first + ["--resume", "--timeout", "60"]) == 2
     assert "--timeout 120 then, 60 now" in capsys.readouterr().err
 
+    # graded on a machine without a GPU (GPU tests 'not graded'), resumed on one with it
+    record = json.loads(lines[0])
+    record["basis"]["cuda"] = not record["basis"]["cuda"]
+    progress.write_text(json.dumps(record) + "\n")
+    assert grader_cli.main(first + ["--resume"]) == 2
+    assert "a CUDA device then" in capsys.readouterr().err
+
     record = json.loads(lines[0])
     del record["basis"]   # a progress file of a grader that did not record it
     progress.write_text(json.dumps(record) + "\n")

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from course import manifest
-from grader import arguments, report, runner
+from grader import arguments, environment, report, runner
 from grader.classroom import collect, grade, sandbox, similarity, submission
 from grader.classroom.text import clean
 
@@ -210,10 +210,11 @@ LIMITS = ("timeout", "compile_timeout", "student_timeout")
 def grade_basis(stage: manifest.Stage, cases: list[collect.Case],
                 args: argparse.Namespace) -> dict:
     """What a grade of `stage` depends on besides the student's files, kept in its progress
-    record: its tests (the course's and the hidden ones) and the time limits."""
+    record: its tests (the course's and the hidden ones), the time limits, and whether this
+    machine has a CUDA device (without one the GPU tests read 'not graded')."""
     hidden = runner.hidden_counts(stage, args.extra_tests, [c.name for c in cases])
     return {"tests": fingerprint(runner.test_paths(stage, args.extra_tests), cases),
-            "hidden_tests": sum(n for _, n in hidden),
+            "hidden_tests": sum(n for _, n in hidden), "cuda": environment.has_cuda(),
             **{limit: getattr(args, limit) for limit in LIMITS}}
 
 
@@ -236,6 +237,9 @@ def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -
         differ += [f"--{limit.replace('_', '-')} {_number(then.get(limit))} then, "
                    f"{_number(now[limit])} now"
                    for limit in LIMITS if then.get(limit) != now[limit]]
+        if then.get("cuda") != now["cuda"]:
+            differ.append("graded with{} a CUDA device then, with{} one now".format(
+                *("" if cuda else "out" for cuda in (then.get("cuda"), now["cuda"]))))
     if not differ:
         return ""
     return (f"were made against other tests or limits ({'; '.join(dict.fromkeys(differ))}): "
