@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench.timing import report_no_cuda, write_json
+from bench.results import write_json
+from bench.timing import report_no_cuda
 from grader import arguments
 
 if TYPE_CHECKING:   # transformers loads when a model is made; parts.load names a stage's types

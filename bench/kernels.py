@@ -39,8 +39,9 @@ from typing import Any
 import torch
 
 from bench.cases import FAMILIES, Case, Ops, Outputs
+from bench.results import write_json
 from bench.timing import (COPY_BYTES, DEVICE, FLUSHES, Timer, Timing, copy_bandwidth,
-                          report_no_cuda, write_json)
+                          report_no_cuda)
 from grader import arguments
 
 # ------------------------------------------------------------------------------ correctness

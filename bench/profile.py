@@ -40,7 +40,8 @@ import torch
 from bench import floor as floor_mod
 from bench import report
 from bench.engine import SHAPES, build_models
-from bench.timing import Timer, copy_bandwidth, report_no_cuda, write_json
+from bench.results import write_json
+from bench.timing import Timer, copy_bandwidth, report_no_cuda
 from grader import arguments
 
 if TYPE_CHECKING:   # the engine loads when used; parts.load names a stage folder's types

@@ -250,9 +250,15 @@ def write(path: str | Path, doc: dict) -> Path:
     if bad:
         raise ValueError("not a valid benchmark document: " + "; ".join(bad))
     path = Path(path)
-    from grader.report import write_text   # whole or not at all, its folder made
-    write_text(path, json.dumps(doc, indent=2) + "\n")
+    write_json(path, doc)
     return path
+
+
+def write_json(path: str | Path, doc: dict) -> None:
+    """Any JSON of the benchmark (a bench module's --json too): whole or not at all, its
+    folder made if missing, as every report of the project (grader.report.write_text)."""
+    from grader.report import write_text
+    write_text(Path(path), json.dumps(doc, indent=2) + "\n")
 
 
 def read(path: str | Path) -> dict:

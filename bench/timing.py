@@ -19,7 +19,6 @@ show more than the copy's share. The "same-bytes copy" beside each op is timed t
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -29,16 +28,11 @@ from typing import Any
 
 import torch
 
+from bench.results import write_json
+
 DEVICE = "cuda"
 COPY_BYTES = 2**30
 FLUSHES = ("read", "write")   # how Timer empties the L2 before each run (see above)
-
-
-def write_json(path: str | Path, doc: dict) -> None:
-    """A bench module's --json: whole or not at all, its folder made if missing (as every
-    report of the project: grader.report.write_text)."""
-    from grader.report import write_text
-    write_text(Path(path), json.dumps(doc, indent=2) + "\n")
 
 
 def report_no_cuda(module: str, json_path: str | Path | None, rows_key: str) -> int:
