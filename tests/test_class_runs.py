@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -184,7 +183,7 @@ def test_ctrl_c_stops_a_class_run_in_one_line(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
-        while not _marked(mark):
+        while not cases.marked_sleeps(mark):
             assert time.time() < deadline and grader.poll() is None, "the student never ran"
             time.sleep(0.2)
         grader.send_signal(signal.SIGINT)
@@ -196,23 +195,11 @@ def test_ctrl_c_stops_a_class_run_in_one_line(tmp_path):
             f"{tmp_path / 'subs-progress.jsonl'}; run the same command with --resume to go on"]
         if sandbox.bwrap_path():   # without it a process can leave (docs/instructors.md)
             end = time.time() + 10
-            while _marked(mark):
+            while cases.marked_sleeps(mark):
                 assert time.time() < end, "the student's process outlived the run"
                 time.sleep(0.2)
     finally:
         grader.kill()
-        for pid in _marked(mark):   # this test's own `sleep MARK`, if it got out
+        for pid in cases.marked_sleeps(mark):   # this test's own `sleep MARK`, if it got out
             os.kill(pid, signal.SIGKILL)
 
-
-def _marked(mark: str) -> list[int]:
-    """The `sleep MARK` processes running."""
-    wanted = b"sleep\0" + mark.encode() + b"\0"
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if (proc / "cmdline").read_bytes() == wanted:
-                found.append(int(proc.name))
-        except OSError:
-            pass
-    return found
