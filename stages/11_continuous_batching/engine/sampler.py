@@ -16,9 +16,9 @@ The draw is the Gumbel-max trick: with u_i uniform in (0, 1) and g_i = -log(-log
 
     argmax_i (log p_i + g_i)  is distributed exactly as  p
 
-(exactly, for noise of unlimited resolution; ours reaches g = 32.6, see gumbel_noise)
 (the largest of independent Gumbels shifted by log p_i is the i-th with probability p_i:
-softmax is exactly the distribution of a Gumbel-noised argmax). Adding one constant to every
+softmax is exactly the distribution of a Gumbel-noised argmax; exactly for noise of unlimited
+resolution, and ours reaches g = 32.6: see gumbel_noise). Adding one constant to every
 log p_i changes nothing, so the scaled logits logits / T stand in for log p (no softmax
 needed), and a token removed by top-k/top-p is simply set to -inf. The whole draw is
 elementwise work and one argmax per row: no multinomial, no host round trip.
