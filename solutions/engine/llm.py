@@ -117,11 +117,6 @@ class LLM:
         del weights
         self.eos_ids = (self.tokenizer.eos_ids if self.tokenizer is not None
                         else frozenset(self.config.eos_token_ids))
-        outside = sorted(t for t in self.eos_ids if not 0 <= t < self.config.vocab_size)
-        if outside:   # the model could never emit them: every reply would run to max_tokens
-            raise ValueError(f"{self.model_dir}: end-of-sequence id(s) {outside} lie outside "
-                             f"the model's vocabulary (0..{self.config.vocab_size - 1}): check "
-                             "config.json, generation_config.json and tokenizer.json")
         self.engine = LLMEngine(self.model, self.tokenizer, self.eos_ids, config)
         # Each request of a generate() or stream() call, with the outputs the engine gave it
         # and its owner has not collected yet: calls overlap (two streams read in turn, a

@@ -68,6 +68,12 @@ class LLMEngine:
                  config: EngineConfig | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids = frozenset(eos_ids)
+        vocab = model.config.vocab_size
+        outside = sorted(t for t in self.eos_ids if not 0 <= t < vocab)
+        if outside:   # the model could never emit them: every reply would run to max_tokens
+            raise ValueError(f"end-of-sequence id(s) {outside} lie outside the model's "
+                             f"vocabulary (0..{vocab - 1}): check config.json, "
+                             "generation_config.json and tokenizer.json")
         self.config = config or EngineConfig()
         self.runner = ModelRunner(model, self.config)
         self.max_model_len = self.runner.max_len   # positions per sequence
