@@ -184,3 +184,28 @@ def test_no_step_is_queued_after_every_request_has_its_last_token(tiny):
     while engine.has_unfinished():
         engine.step()
     assert len(launched) == 6, f"{launched}: the longer request sets the count (6 steps)"
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_the_pool_is_sized_for_the_largest_step_the_scheduler_may_take(tiny, monkeypatch,
+                                                                      chunked):
+    """Without chunked prefill a whole prompt of up to max_model_len tokens goes in one step,
+    past max_num_batched_tokens. The warm-up that measures a step's activations (and so sizes
+    the KV pool on a GPU) must run a step that large, or a long prompt's step would run out of
+    memory at run time instead of failing at start-up."""
+    from solutions.engine.llm_engine import LLMEngine
+    from solutions.engine.model_runner import EngineConfig
+    paged_cache = parts.load("13", "paged_cache")
+    sized_for = []
+    real = paged_cache.kv_cache_blocks
+
+    def spy(model, block_size, max_len, max_num_seqs, max_num_batched_tokens, *args):
+        sized_for.append(max_num_batched_tokens)
+        return real(model, block_size, max_len, max_num_seqs, max_num_batched_tokens, *args)
+    monkeypatch.setattr(paged_cache, "kv_cache_blocks", spy)
+    engine = LLMEngine(new_model(tiny), None, (), EngineConfig(
+        paged=True, max_model_len=64, max_num_batched_tokens=16, chunked_prefill=chunked))
+    step = engine.scheduler.config.max_num_batched_tokens
+    assert step == (16 if chunked else 64), "the scheduler's budget per step"
+    assert sized_for == [step], (
+        f"the pool was sized for steps of {sized_for} tokens; the scheduler takes up to {step}")

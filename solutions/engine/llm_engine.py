@@ -81,8 +81,7 @@ class LLMEngine:
         self.scheduler = _sched.Scheduler(_sched.SchedulerConfig(
             max_model_len=self.runner.max_len,
             max_num_seqs=min(c.max_num_seqs, self.runner.max_num_seqs),
-            max_num_batched_tokens=max(c.max_num_batched_tokens,
-                                       0 if c.chunked_prefill else self.runner.max_len),
+            max_num_batched_tokens=c.step_tokens(self.runner.max_len),
             chunked_prefill=c.chunked_prefill), self.runner.allocator)
         self.requests: dict[int, _Request] = {}
         # The step queued on the GPU: (its sequences, their sampled tokens, whether it is a

@@ -186,6 +186,12 @@ class EngineConfig:
                              f"positions), got {self.max_model_len}")
         return self.max_model_len
 
+    def step_tokens(self, max_len: int) -> int:
+        """Tokens a step may hold: max_num_batched_tokens, or without chunked prefill at
+        least max_len (a whole prompt goes in one step). The scheduler's budget and the
+        warm-up that sizes the cache both use it, so no step outgrows the memory measured."""
+        return max(self.max_num_batched_tokens, 0 if self.chunked_prefill else max_len)
+
     def use_paging(self) -> bool:
         if self.paged is None:
             return manifest.find("13").ready
@@ -199,7 +205,7 @@ def kv_cache_slots(model: LlamaModel, config: EngineConfig, max_len: int) -> int
         free, _ = torch.cuda.mem_get_info(model.device)
         # Keep room for a prefill step's activations: a few [tokens, intermediate] buffers.
         c = model.config
-        activations = 8 * config.max_num_batched_tokens * max(c.intermediate_size * 2,
+        activations = 8 * config.step_tokens(max_len) * max(c.intermediate_size * 2,
                                                               c.vocab_size // 4) * 2
         budget = free * config.gpu_memory_utilization - activations
     else:
@@ -234,7 +240,7 @@ class ModelRunner:
             model.attention = paged.PagedAttention()   # before the warm-up step that sizes the pool
             self.num_blocks = paged.kv_cache_blocks(
                 model, self.block_size, self.max_len, config.max_num_seqs,
-                config.max_num_batched_tokens, config.gpu_memory_utilization,
+                config.step_tokens(self.max_len), config.gpu_memory_utilization,
                 config.kv_cache_gib)
             self.cache = paged.PagedKVCache.for_model(model, self.num_blocks, self.block_size,
                                                       self.max_len)
