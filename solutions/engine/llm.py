@@ -11,8 +11,9 @@ It wires the stages together: config and weights (01), tokenizer, chat template,
 detokenizer and stop conditions (02), the forward pass (08, built from the ops of 03-07), the
 KV cache and decode attention (09), decode CUDA graphs (10), the scheduler that batches
 requests continuously (11), the tiled prefill attention (12), the paged KV cache with prefix
-caching (13) and the paged decode kernel (14), through the serving loop of llm_engine.py. Each part is loaded
-through the parts resolver, so with TINYVLLM_STUDENT=NN the engine runs a student's stage NN.
+caching (13) and the paged decode kernel (14), through the serving loop of llm_engine.py.
+Each part is loaded through the parts resolver, so with TINYVLLM_STUDENT=NN the engine runs a
+student's stage NN.
 """
 from __future__ import annotations
 

@@ -127,7 +127,9 @@ class EngineConfig:
     max_model_len: positions per sequence, prompt + output (default: the model's, at most
         DEFAULT_MAX_MODEL_LEN: each running sequence reserves a whole context of cache).
     max_num_seqs: sequences per step (the largest decode batch and CUDA graph).
-    max_num_batched_tokens: tokens per step (prefill chunks are cut to fit).
+    max_num_batched_tokens: tokens per step (prefill chunks are cut to fit); with
+        chunked_prefill False a step takes whole prompts, so at least max_model_len
+        (step_tokens).
     gpu_memory_utilization: paged, the share of the GPU's total memory that the weights,
         a prefill step's activations (measured by a warm-up step) and the KV cache may take
         together; contiguous, the share of the memory free after loading the weights (less
