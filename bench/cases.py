@@ -27,6 +27,7 @@ DECODE_SHAPES = ((64, 1024), (1, 8192))      # (sequences, context length of eac
 # in small partitions: the latency of a few blocks, not the bandwidth, sets its time)
 PAGED_SHAPES = ((64, 1024), (256, 512), (1, 512), (1, 2048), (1, 32768))
 PAGED_BLOCK = 16
+PAGED_LAYERS = 16     # Llama-3.2-1B's: a decode step reads each layer's cache in turn
 
 Outputs = tuple[torch.Tensor, ...]
 
@@ -492,6 +493,47 @@ def decode_attention_cases(ops: Ops) -> Iterator[Case]:
                    via=ops.via("decode_attention"), skip=None if ours else why)
 
 
+def _paged_case(ops: Ops, fn: Callable | None, why: str | None, B: int, S: int,
+                layers: int) -> Case:
+    """B sequences of S keys over `layers` layers' paged caches, one call after another."""
+    scale = HEAD_DIM ** -0.5
+    n_blocks = B * S // PAGED_BLOCK
+
+    def make_set(g):
+        k = _gen_randn((layers, B, S, N_KV_HEADS, HEAD_DIM), g)
+        v = _gen_randn((layers, B, S, N_KV_HEADS, HEAD_DIM), g)
+        # a layer's pool block p holds its logical block perm[p]; the table maps logical -> physical
+        perm = torch.stack([torch.randperm(n_blocks, generator=g, device=DEVICE)
+                            for _ in range(layers)])
+        pool = (n_blocks, PAGED_BLOCK, N_KV_HEADS, HEAD_DIM)
+
+        def paged(x: torch.Tensor) -> torch.Tensor:
+            return torch.stack([x[i].reshape(pool)[perm[i]] for i in range(layers)])
+        return {"q": _gen_randn((layers, B, N_HEADS, HEAD_DIM), g), "k": k, "v": v,
+                "pk": paged(k), "pv": paged(v),
+                "tables": torch.argsort(perm, dim=1).to(torch.int32)
+                .view(layers, B, S // PAGED_BLOCK)}
+    lens = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(layers, B, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+    ours = None
+    if fn is not None:
+        def ours(s):
+            for i in range(layers):
+                fn(s["q"][i], s["pk"][i], s["pv"][i], s["tables"][i], lens, scale, out=out[i])
+            return tuple(out)
+
+    def sdpa(s, upcast=False):
+        return tuple(_sdpa_decode(s["q"][i], s["k"][i], s["v"][i], scale, upcast=upcast)
+                     for i in range(layers))
+    kv_bytes = 2 * layers * B * S * N_KV_HEADS * HEAD_DIM * 2
+    return Case("paged_decode_attention",
+                f"{B}x{S}" if layers == 1 else f"{B}x{S}, {layers} layers", kv_bytes, make_set,
+                torch_fn=sdpa, reference=lambda s: sdpa(s, upcast=True),
+                ours_fn=ours, outs=[out] if ours else [],
+                via=ops.via("paged_decode_attention") if fn else "",
+                skip=None if ours else why)
+
+
 def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 14's decode step over a paged cache (blocks of 16, shuffled over the pool).
 
@@ -500,35 +542,15 @@ def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     (split-K). Beside it, torch's SDPA (enable_gqa) on a contiguous cache of the same shapes
     holding the same keys: the speed a paged layout has to match. 1 x 512 and 1 x 2048 are a
     chat's decode step (1 MB and 4 MB per layer: latency, not bandwidth, sets their time; the
-    kernel splits them in 64-key partitions on a 132-SM GPU).
+    kernel splits them in 64-key partitions on a 132-SM GPU). The last row reads 1 x 32768 in
+    each of Llama-3.2-1B's 16 layers' caches, one call after another as a decode step makes
+    them: an isolated call's fixed start-up (~9 us of 25 at 1 x 32768; docs/benchmarks.md)
+    then overlaps the call before it (stage 14 launches early: PDL), which one call cannot show.
     """
     fn, why = ops.get("paged_decode_attention")
-    scale = HEAD_DIM ** -0.5
     for B, S in PAGED_SHAPES:
-        n_blocks = B * S // PAGED_BLOCK
-
-        def make_set(g, B=B, S=S, n_blocks=n_blocks):
-            k = _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g)
-            v = _gen_randn((B, S, N_KV_HEADS, HEAD_DIM), g)
-            # pool block p holds logical block perm[p]; the table maps logical -> physical
-            perm = torch.randperm(n_blocks, generator=g, device=DEVICE)
-            shape = (n_blocks, PAGED_BLOCK, N_KV_HEADS, HEAD_DIM)
-            return {"q": _gen_randn((B, N_HEADS, HEAD_DIM), g), "k": k, "v": v,
-                    "pk": k.view(shape)[perm].contiguous(), "pv": v.view(shape)[perm].contiguous(),
-                    "tables": torch.argsort(perm).to(torch.int32).view(B, S // PAGED_BLOCK)}
-        lens = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
-        out = torch.empty(B, N_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
-        ours = None
-        if fn is not None:
-            ours = (lambda s, lens=lens, out=out:
-                    fn(s["q"], s["pk"], s["pv"], s["tables"], lens, scale, out=out))
-        kv_bytes = 2 * B * S * N_KV_HEADS * HEAD_DIM * 2
-        yield Case("paged_decode_attention", f"{B}x{S}", kv_bytes, make_set,
-                   torch_fn=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale),
-                   reference=lambda s: _sdpa_decode(s["q"], s["k"], s["v"], scale, upcast=True),
-                   ours_fn=ours, outs=[out] if ours else [],
-                   via=ops.via("paged_decode_attention") if fn else "",
-                   skip=None if ours else why)
+        yield _paged_case(ops, fn, why, B, S, layers=1)
+    yield _paged_case(ops, fn, why, 1, 32768, layers=PAGED_LAYERS)
 
 
 FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
