@@ -178,3 +178,41 @@ def test_preemption_when_the_cache_runs_out():
     batch = sched.schedule()
     assert batch == [b] and b.num_scheduled == 5, (
         "when there is room again it is prefilled again, prompt and output: 5 tokens")
+
+
+def test_preemption_takes_the_newest_others_first_and_queues_it_ahead_of_the_waiting():
+    """4 blocks of 4 tokens, three running sequences and one waiting (max_num_seqs 3). When all
+    three need a second block and one is free: the oldest takes it, the second preempts the
+    newest (not itself, not the oldest) and takes its block, and the newest goes back AHEAD of
+    the request that was already waiting."""
+    S = sched_mod()
+    sched = S.Scheduler(S.SchedulerConfig(max_model_len=64, max_num_seqs=3,
+                                          max_num_batched_tokens=64), Blocks(total=4, size=4))
+    a, b, c, d = new_seq(0, 3), new_seq(1, 3), new_seq(2, 3), new_seq(3, 2)
+    for s in (a, b, c, d):
+        sched.add(s)
+    batch = sched.schedule()
+    assert batch == [a, b, c] and list(sched.waiting) == [d], "max_num_seqs 3: d waits"
+    run_step(sched, batch)
+    batch = sched.schedule()                  # 4 tokens each: the 4th fits the first block
+    assert batch == [a, b, c]
+    run_step(sched, batch)                    # 5 tokens each, one free block for three
+    batch = sched.schedule()
+    got = [s.seq_id for s in batch]
+    assert got == [0, 1], (
+        "a (oldest) takes the free block; b finds none, so the NEWEST running sequence, c, is "
+        "preempted and b takes its block: running a and b. Preempting b itself while a newer "
+        f"one runs, or the oldest, is wrong; got the sequences {got}")
+    queue = [s.seq_id for s in sched.waiting]
+    assert queue == [2, 3], (
+        "the preempted c goes to the FRONT of the queue (appendleft), ahead of d, which was "
+        f"waiting already: it was admitted first and keeps its place; got the queue {queue}")
+    assert c.num_cached == 0 and c.block_table == [] and c.token_ids == [1, 2, 3, 7, 7]
+    assert sched.num_preemptions == 1, (
+        f"one preemption made room; num_preemptions is {sched.num_preemptions}")
+    run_step(sched, batch)
+    sched.finish(a, "max_tokens")             # a's two blocks come back
+    batch = sched.schedule()
+    assert batch == [c] and c.num_scheduled == 5, (
+        "c is first in line: prefilled again, prompt and output (5 tokens); d (one block) "
+        "finds none left and keeps waiting")

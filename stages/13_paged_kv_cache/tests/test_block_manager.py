@@ -230,7 +230,10 @@ def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
     d = admit(bm, new_seq(3, range(70, 78)))           # 2 more: 4 (no hash), then 2 (evicted)
     assert d.block_table == [4, 2], f"then 4 and 2, got {d.block_table}"
     assert bm.stats.evictions == 1, f"block 2 lost its cached contents: 1 eviction, got {bm.stats}"
-    assert bm.blocks[2].hash is None and len(bm.hash_to_block) == 1
+    assert bm.blocks[2].hash is None and len(bm.hash_to_block) == 1, (
+        "evicting block 2 forgets what it held: its hash becomes None and its entry leaves "
+        f"hash_to_block (a's first block's stays), got hash {bm.blocks[2].hash} and "
+        f"hash_to_block {bm.hash_to_block}")
     bm.free(c)                                          # free list: 1, 3, 6, 5
     e = admit(bm, new_seq(4, prompt))
     assert e.block_table == [1, 3, 6] and e.num_cached == 4, (
