@@ -175,6 +175,15 @@ def test_the_python_api_refuses_what_is_no_prompt(tiny_dir):
             llm.generate(wrong)
     with pytest.raises(TypeError, match="integers only"):
         llm.generate([[5, 2.5]])
+    with pytest.raises(TypeError, match=r"prompts\[1\]: .*got float"):
+        llm.generate([[5, 6], 7.0])
+    # int() read 1.9 as 1 and "12" as 12 in add_request; True is an int to Python
+    for wrong in ([1.9, 2.7], ["12", "13"], [True, False]):
+        with pytest.raises(TypeError, match="integers only"):
+            llm.engine.add_request(wrong)
+        with pytest.raises(TypeError, match="integers only"):
+            llm.generate([wrong])
+    assert not llm.engine.requests, "nothing was queued"
     with pytest.raises(ValueError, match="without a tokenizer"):
         llm.generate([5, 6], max_tokens=2, stop="x")
     for dtype in ("int8", "bool", "float16x"):
@@ -185,6 +194,30 @@ def test_the_python_api_refuses_what_is_no_prompt(tiny_dir):
     first = stream.result
     assert first is not None and list(stream) == [] and stream.result is first, \
         "a second iteration yields nothing and keeps the result"
+
+
+def test_a_prompt_that_is_not_utf8(capsys, tiny_dir, tmp_path):
+    """Undecodable bytes on the command line reach Python as lone surrogates; the tokenizer
+    raised "TextInputSequence must be str" (a traceback, or that line in a --prompts file)."""
+    d = copy_model(tiny_dir, tmp_path / "m")
+    for raw in ([], ["--raw"]):
+        code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu", *raw,
+                                "caf\udce9")
+        assert_one_line_error(code, err, "not valid UTF-8")
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"TINYVLLM_STUDENT": "99"}, "no stage '99'"),
+    ({"TINYVLLM_STUDENT": "11", "TINYVLLM_STUDENT_ROOT": "/nonexistent"}, "is missing"),
+], ids=["unknown-stage", "missing-part"])
+def test_a_bad_student_selection_is_one_line(env, needle):
+    """The engine's import loads the selected parts; it sat outside the CLI's error handling,
+    so these were 27-line tracebacks. A fresh process: this one has the engine imported."""
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "solutions.engine", "--device", "cpu"],
+                          env={**os.environ, "PYTHONPATH": str(root), **env}, cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert_one_line_error(proc.returncode, proc.stderr, needle)
 
 
 def test_missing_model_directory(capsys, tmp_path):
@@ -212,16 +245,28 @@ def test_bad_config(capsys, tmp_path, tiny_dir):
     assert_one_line_error(code, err, "config.json: a value has the wrong type")
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
 @pytest.mark.parametrize("change,needle", [
     ({"num_attention_heads": 0, "head_dim": None}, "num_attention_heads=0"),
     ({"max_position_embeddings": -5}, "max_position_embeddings=-5"),
     ({"rms_norm_eps": float("nan")}, "rms_norm_eps=nan"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta=-1.0"),
-], ids=["zero-heads", "negative-positions", "nan-eps", "negative-theta"])
+    ({"num_key_value_heads": 3.5}, "num_key_value_heads=3.5"),
+    ({"rope_parameters": {**LLAMA3_ROPE, "low_freq_factor": 0.0}}, "low_freq_factor=0.0"),
+    ({"rope_parameters": {**LLAMA3_ROPE, "factor": float("nan")}}, "factor=nan"),
+    ({"rope_parameters": {**LLAMA3_ROPE, "high_freq_factor": 1.0}}, "high_freq_factor=1.0"),
+], ids=["zero-heads", "negative-positions", "nan-eps", "negative-theta", "fractional-kv-heads",
+        "zero-low-freq", "nan-factor", "equal-freq-factors"])
 def test_impossible_config_numbers(capsys, tmp_path, tiny_dir, change, needle):
     """Zero heads divided by zero in parse_config (a traceback); a negative context failed later
     without naming config.json; a NaN rms_norm_eps or a negative rope_theta loaded and answered
-    noise with exit status 0. Each must be one line naming the file and the key."""
+    noise with exit status 0, as did 3.5 KV heads (read as 3) and llama3 rope factors of 0 or
+    NaN (a traceback, or a NaN rope table: token 0 forever). Each must be one line naming the
+    file and the key."""
     d = copy_model(tiny_dir, tmp_path / "m", change)
     code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
     assert_one_line_error(code, err, "config.json", needle)

@@ -2,6 +2,8 @@
 cache-write twin, the pool size, and the engine's choice between paged and contiguous."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -88,8 +90,12 @@ def test_the_pool_size_on_a_cpu(tiny):
     assert paged().kv_cache_blocks(model, 16, 64, 256, 512, cpu_gib=gib) == 50
     assert paged().kv_cache_blocks(model, 16, 64, 3, 512, cpu_gib=gib) == 3 * 4 + 1, (
         "never more blocks than max_num_seqs full block tables and the pad block")
-    with pytest.raises(ValueError, match="does not hold one sequence"):
+    with pytest.raises(ValueError, match="does not hold one sequence") as e:
         paged().kv_cache_blocks(model, 16, 64 * 16, 4, 512, cpu_gib=gib)
+    have, need = map(float, re.findall(r"([0-9.e-]+) GiB", str(e.value)))
+    assert need > have, f"the message must show more memory needed than there is: {e.value}"
+    assert "kv_cache_gib" in str(e.value), (
+        f"on a CPU the setting to raise is EngineConfig.kv_cache_gib: {e.value}")
     assert paged().warmup_lengths(10, 4, 2) == [4, 3, 3]
     assert paged().warmup_lengths(8192, 4096, 256) == [32] * 256
 

@@ -150,7 +150,7 @@ def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
 
 
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-         "num_attention_heads", "head_dim", "max_position_embeddings")
+         "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
 
 
 def checked_parse(raw: dict, where: str) -> ModelConfig:
@@ -179,6 +179,18 @@ def checked_parse(raw: dict, where: str) -> ModelConfig:
                           "number >= 0")
     if not 0 < config.rope_theta < math.inf:
         raise ConfigError(f"{where}: rope_theta={config.rope_theta} must be a finite number > 0")
+    r = config.rope_scaling
+    # stage 05 divides by factor, low_freq_factor and their difference: 0 or NaN there gives
+    # a table of NaN, and every reply is token 0
+    if r is not None and not (0 < r.factor < math.inf and 0 < r.low_freq_factor
+                              < r.high_freq_factor < math.inf
+                              and r.original_max_position_embeddings > 0):
+        raise ConfigError(
+            f"{where}: llama3 rope scaling factor={r.factor}, low_freq_factor="
+            f"{r.low_freq_factor}, high_freq_factor={r.high_freq_factor}, "
+            f"original_max_position_embeddings={r.original_max_position_embeddings}: it needs "
+            "finite factors with factor > 0 and 0 < low_freq_factor < high_freq_factor, and a "
+            "positive original_max_position_embeddings")
     return config
 
 

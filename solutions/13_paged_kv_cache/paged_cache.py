@@ -206,9 +206,11 @@ def kv_cache_blocks(model: LlamaModel, block_size: int, max_len: int, max_num_se
         budget = cpu_gib * GiB
     blocks = min(int(budget // per_block), max_num_seqs * max_blocks + 1)
     if blocks < max_blocks + 1:
-        raise ValueError(f"the KV cache memory ({max(budget, 0) / GiB:.2f} GiB) does not hold "
+        advice = ("lower max_model_len or max_num_batched_tokens, or raise "
+                  "gpu_memory_utilization" if model.device.type == "cuda" else
+                  "lower max_model_len, or raise the CPU cache size (EngineConfig.kv_cache_gib)")
+        raise ValueError(f"the KV cache memory ({max(budget, 0) / GiB:.3g} GiB) does not hold "
                          f"one sequence of {max_len} positions ({max_blocks} blocks of "
-                         f"{block_size}, {max_blocks * per_block / GiB:.3f} GiB, and the pad "
-                         "block): lower max_model_len or max_num_batched_tokens, or raise "
-                         "gpu_memory_utilization")
+                         f"{block_size} and the pad block: {(max_blocks + 1) * per_block / GiB:.3g}"
+                         f" GiB): {advice}")
     return blocks

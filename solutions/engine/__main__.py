@@ -119,9 +119,11 @@ def read_prompts(path: str) -> list[tuple[int, tuple[str, dict] | ValueError]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from solutions.engine import smollm2
-    from solutions.engine.llm import LLM, EngineConfig, SamplingParams
 
     try:
+        # inside the try: importing the engine loads the parts of $TINYVLLM_STUDENT's stages,
+        # and a wrong stage id or a missing part file there is a one-line error too
+        from solutions.engine.llm import LLM, EngineConfig, SamplingParams
         base = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, seed=args.seed, stop=tuple(args.stop),
                     ignore_eos=args.ignore_eos)

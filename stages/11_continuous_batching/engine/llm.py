@@ -20,7 +20,6 @@ student's stage NN.
 """
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from pathlib import Path
 import torch
 
 from course import parts
-from solutions.engine.llm_engine import LLMEngine
+from solutions.engine.llm_engine import LLMEngine, token_ids
 from solutions.engine.model_runner import EngineConfig
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
@@ -155,7 +154,7 @@ class LLM:
                 raise ValueError(f"{self.model_dir} was loaded without a tokenizer: pass "
                                  "token ids, not text")
             if is_text and raw:
-                ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+                ids = self.tokenizer.encode(_utf8(prompt), add_special_tokens=True)
             else:
                 fmt = self.tokenizer.chat_format
                 if fmt is None:
@@ -163,13 +162,9 @@ class LLM:
                                      "format (llama3 or chatml): use a raw prompt (--raw)")
                 messages = [{"role": "user", "content": prompt}] if is_text else list(prompt)
                 text = parts.load("02", "chat_template").apply_chat_template(messages, fmt)
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                ids = self.tokenizer.encode(_utf8(text), add_special_tokens=False)
         else:
-            try:
-                ids = [operator.index(t) for t in prompt]   # 1.5 is no token id
-            except TypeError:
-                raise TypeError("a list of token ids holds integers only, got "
-                                f"{[type(t).__name__ for t in prompt]}") from None
+            ids = token_ids(prompt)
         # text too: a tokenizer.json larger than the model's vocabulary encodes ids it lacks
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
@@ -209,8 +204,8 @@ class LLM:
         for i, p in enumerate(batch):
             try:
                 ids.append(self.prepare(p, raw))
-            except ValueError as e:
-                raise ValueError(str(e) if single else f"prompts[{i}]: {e}") from None
+            except (ValueError, TypeError) as e:
+                raise type(e)(str(e) if single else f"prompts[{i}]: {e}") from None
         rids: list[int] = []
         try:
             self._check_no_foreign_requests()
@@ -333,3 +328,14 @@ def _is_one_prompt(prompts) -> bool:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
         return True
     return isinstance(prompts[0], (int, dict)) or hasattr(prompts[0], "__index__")
+
+
+def _utf8(text: str) -> str:
+    """text, if it is valid Unicode: undecodable bytes (a command line or a file that is not
+    UTF-8) reach Python as lone surrogates, which no tokenizer encodes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the prompt is not valid UTF-8 text: it holds {text[e.start]!r}, "
+                         "a byte that was not UTF-8") from None
+    return text

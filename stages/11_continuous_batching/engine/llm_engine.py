@@ -21,6 +21,7 @@ filled max_model_len positions) and "abort".
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,6 +64,20 @@ class _Request:
         return self.checker.safe_text(self.text, finished=True)
 
 
+def token_ids(prompt: Iterable) -> list[int]:
+    """A prompt's token ids as ints. TypeError for anything else: int() would read 1.9 as 1
+    and "12" as 12, and True is an int to Python, but none of them is a token id."""
+    items = list(prompt)
+    try:
+        ids = [operator.index(t) for t in items]
+    except TypeError:
+        ids = None
+    if ids is None or any(isinstance(t, bool) for t in items):
+        raise TypeError("a list of token ids holds integers only, got "
+                        f"{[type(t).__name__ for t in items]}")
+    return ids
+
+
 class LLMEngine:
     """model: a stage-08 LlamaModel; tokenizer: stage 02's (or None: token ids only, no text);
     eos_ids: the model's end-of-sequence ids."""
@@ -101,7 +116,7 @@ class LLMEngine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__} "
                             "(SamplingParams.from_dict makes one from a dict)")
         params.validate()
-        ids = [int(t) for t in prompt_ids]
+        ids = token_ids(prompt_ids)
         if not ids:
             raise ValueError("the prompt is empty (no tokens)")
         if len(ids) > self.max_model_len:

@@ -214,9 +214,11 @@ def kv_cache_slots(model: LlamaModel, config: EngineConfig, max_len: int) -> int
         budget = config.kv_cache_gib * GiB
     slots = min(config.max_num_seqs, int(budget // per_seq))
     if slots < 1:
-        raise ValueError(f"the KV cache memory ({budget / GiB:.2f} GiB) does not hold one "
-                         f"sequence of {max_len} positions ({per_seq / GiB:.2f} GiB): lower "
-                         "max_model_len")
+        advice = ("" if model.device.type == "cuda" else
+                  ", or raise the CPU cache size (EngineConfig.kv_cache_gib)")
+        raise ValueError(f"the KV cache memory ({max(budget, 0) / GiB:.3g} GiB) does not hold "
+                         f"one sequence of {max_len} positions ({per_seq / GiB:.3g} GiB): "
+                         f"lower max_model_len{advice}")
     return slots
 
 

@@ -1,8 +1,6 @@
 """Stage 11: sequences and the scheduler, alone (sequence.py, scheduler.py). Pure Python."""
 from __future__ import annotations
 
-import pytest
-
 from course import parts
 
 

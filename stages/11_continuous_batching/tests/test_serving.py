@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from course import parts
-from course.testing import checks, fixtures
+from course.testing import fixtures
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ decode step ask for room for it (can_append / append).
 """
 from __future__ import annotations
 
-import pytest
-
 from course import parts
 
 
