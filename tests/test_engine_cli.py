@@ -337,6 +337,19 @@ def test_weights_the_config_does_not_describe(capsys, tmp_path, tiny_dir):
     assert_one_line_error(code, err, f"model.layers.{layers - 1}", f"num_hidden_layers={layers - 1}")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite(capsys, tmp_path, tiny_dir, value):
+    """One NaN in a weight loaded and answered token 0 forever, exit status 0."""
+    from safetensors.torch import load_file, save_file
+    d = copy_model(tiny_dir, tmp_path / "m", None)
+    tensors = load_file(d / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name][3, 5] = value
+    save_file(tensors, d / "model.safetensors")
+    code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")
+    assert_one_line_error(code, err, name, "NaN or infinite")
+
+
 def test_prompt_longer_than_context(capsys, tmp_path, tiny_dir):
     d = copy_model(tiny_dir, tmp_path / "short", {"max_position_embeddings": 16})
     code, _, err = run_main(capsys, "--model", str(d), "--device", "cpu")

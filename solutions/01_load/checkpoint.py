@@ -16,6 +16,7 @@ Graded by stages/01_load/tests/test_checkpoint.py (`nox -s grade -- 01`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -167,9 +168,10 @@ LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str, torch.Tensor]:
     """load_weights, with what it takes on trust checked around it (the engine loads through
-    this): every tensor floating point (an int32 embedding would load and answer noise), and
-    no layer in the files beyond config.num_hidden_layers (a config that counts fewer layers
-    than the checkpoint has would run a truncated model without a word)."""
+    this): every tensor floating point (an int32 embedding would load and answer noise) and
+    finite (one NaN spreads to every logit: the reply is token 0 over and over), and no layer
+    in the files beyond config.num_hidden_layers (a config that counts fewer layers than the
+    checkpoint has would run a truncated model without a word)."""
     weights = load_weights(model_dir, config)
     where, files = weight_files(model_dir)
     for name, t in weights.items():
@@ -177,6 +179,10 @@ def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str,
             raise CheckpointError(f"{name} in {files.get(name, where)} is "
                                   f"{str(t.dtype).removeprefix('torch.')}: expected float32, "
                                   "bfloat16 or float16")
+        # one pass, no copy: NaN and inf reach a float64 sum, which no finite weights overflow
+        if not math.isfinite(t.sum(dtype=torch.float64).item()):
+            raise CheckpointError(f"{name} in {files.get(name, where)} holds NaN or infinite "
+                                  "values: the checkpoint is damaged or was converted wrongly")
     layers = {int(m.group(1)) for name in files if (m := LAYER.match(name))}
     if layers and max(layers) >= config.num_hidden_layers:
         raise CheckpointError(f"{where} holds layers up to model.layers.{max(layers)}, but the "
