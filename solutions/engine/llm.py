@@ -202,7 +202,8 @@ class LLM:
             try:
                 ids.append(self.prepare(p, raw))
             except (ValueError, TypeError) as e:
-                raise type(e)(str(e) if single else f"prompts[{i}]: {e}") from None
+                kind = TypeError if isinstance(e, TypeError) else ValueError
+                raise kind(str(e) if single else f"prompts[{i}]: {e}") from None
         rids: list[int] = []
         try:
             self._check_no_foreign_requests()
