@@ -129,7 +129,8 @@ def _judged(stage, cases, student_root, worker_root, shared, settings, ws, deadl
     config = {"student_stages": [stage.id], "student_root": str(student_root),
               "worker_root": str(worker_root), "shared": str(shared),
               "call_timeout": settings.test_timeout,
-              "hidden": [str(p) for p in [manifest.ROOT, *settings.hidden]]}
+              "hidden": [str(p) for p in [manifest.ROOT, *settings.hidden]],
+              "extra_tests": [str(settings.extra_tests)] if settings.extra_tests else []}
     path = ws / "judge.json"
     path.write_text(json.dumps(config))
     saved = os.environ.get(CONFIG_ENV)

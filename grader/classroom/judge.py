@@ -157,8 +157,7 @@ class Connection:
         self.kept: set[str] = set()            # digests of the reference objects it holds
         self.synced: dict[int, object] = {}    # reference objects kept in step, by id here
         self.synced_digest: dict[int, str] = {}   # ... and the version the worker holds
-        self.extra_tests = [Path(h).resolve() for h in config.get("hidden", ())
-                            if Path(h).resolve() != manifest.ROOT]
+        self.extra_tests = [Path(h).resolve() for h in config.get("extra_tests", ())]
         self.test_modules: dict[str, bool] = {}   # module name -> defined by the tests?
 
     # --- the process ----------------------------------------------------------------------
@@ -304,11 +303,20 @@ class Connection:
             return True
         if module not in self.test_modules:
             file = getattr(sys.modules.get(module), "__file__", None)
-            path = Path(file).resolve() if file else None
-            self.test_modules[module] = path is not None and (
-                "tests" in path.parts or path.name == "conftest.py"
-                or any(path.is_relative_to(d) for d in self.extra_tests))
+            self.test_modules[module] = file is not None and self._is_test_file(Path(file))
         return self.test_modules[module]
+
+    def _is_test_file(self, path: Path) -> bool:
+        """A course test (a `tests` folder inside the course), a conftest.py, or a hidden test.
+        Only the course's own part of the path counts, and a hidden-tests folder never makes
+        the course's modules tests: `--extra-tests /tmp` with the course in /tmp/tiny-vllm, or
+        the course under a folder named tests, must not lend the course's own classes."""
+        path, root = path.resolve(), manifest.ROOT
+        if path.name == "conftest.py":
+            return True
+        if path.is_relative_to(root):
+            return "tests" in path.relative_to(root).parts
+        return any(path.is_relative_to(d) for d in self.extra_tests)
 
     def _apply(self, synced: dict, classes: dict, storages: dict, built: dict) -> None:
         """Write what the student's code did to objects kept in step into the test's own."""

@@ -111,11 +111,22 @@ def python_paths() -> list[Path]:
     return sorted(p.resolve() for p in paths)
 
 
+def interpreter() -> Path:
+    """sys.executable by a path the sandbox shows: its folder resolved (a course or venv
+    folder reached through a symlink runs through a place the sandbox hides: every student
+    then scored 0 as if their code had crashed), the file itself not (a venv's python is a
+    link to the base interpreter, and the venv is found beside the link)."""
+    exe = Path(sys.executable)
+    return exe.parent.resolve() / exe.name
+
+
 def command(argv: list[str], mounts: Mounts, cwd: Path) -> list[str]:
     """`argv` wrapped in bubblewrap (unchanged when there is no working bwrap)."""
     exe = bwrap_path()
     if not exe:
         return argv
+    if argv and argv[0] == sys.executable:
+        argv = [str(interpreter()), *argv[1:]]
     cmd = [exe, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
            "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
            "--tmpfs", "/dev/shm"]
