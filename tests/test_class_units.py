@@ -246,6 +246,41 @@ def test_sandbox_hides_the_course_and_the_network(tmp_path):
     assert "solutions" not in listed and "conftest.py" not in listed, out
 
 
+def test_only_tests_are_lent_whatever_folder_holds_the_course(tmp_path):
+    """The judge lends test objects to the worker and keeps course objects in step. Every
+    folder a report went to counted as hidden tests: with a report in a folder above the
+    course (/tmp/grades.csv, the course in /tmp/tiny-vllm) the course's own Sequence was lent,
+    and honest stage 11 and 13 submissions lost most of their marks."""
+    from grader.classroom import judge
+    root = manifest.ROOT
+    lender = type("Lender", (), {"extra_tests": [root.parent, tmp_path]})()
+    is_test = lambda p: judge.Connection._is_test_file(lender, p)   # noqa: E731
+    assert not is_test(root / "solutions" / "11_continuous_batching" / "sequence.py")
+    assert not is_test(root / "stages" / "11_continuous_batching" / "scheduler.py")
+    assert is_test(root / "stages" / "11_continuous_batching" / "tests" / "test_scheduler.py")
+    assert is_test(root / "conftest.py")
+    assert is_test(tmp_path / "11_continuous_batching" / "test_hidden.py")
+
+
+def test_the_sandbox_starts_the_interpreter_through_a_symlinked_folder(tmp_path):
+    """A course or venv reached through a symlink under a hidden folder: the worker's python
+    could not start, and every student scored 0 as if their code had crashed."""
+    link = tmp_path / "venv-link"
+    link.symlink_to(Path(sys.executable).parent.resolve(), target_is_directory=True)
+    exe = link / Path(sys.executable).name
+    (tmp_path / "cwd").mkdir()
+    saved = sys.executable
+    sys.executable = str(exe)
+    try:
+        assert sandbox.interpreter() == Path(saved).parent.resolve() / exe.name
+        code, out = sandbox.run([sys.executable, "-c", "print('started')"],
+                                sandbox.Mounts(hidden=[tmp_path]), tmp_path / "cwd",
+                                {"PATH": os.environ["PATH"]}, 60)
+    finally:
+        sys.executable = saved
+    assert code == 0 and "started" in out, out
+
+
 def test_sandbox_timeout_ends_every_process(tmp_path):
     start = time.time()
     code, _ = sandbox.run(["sh", "-c", "sleep 4243.5 & sleep 4243.5"], sandbox.Mounts(),
