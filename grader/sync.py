@@ -11,10 +11,13 @@ becomes, in the skeleton,
     # TODO stage 01: parse the 8-byte header length (about 6 lines)
     raise NotImplementedError("TODO stage 01: parse the 8-byte header length (about 6 lines)")
 
-Python regions get that `raise` by default. C++/CUDA regions get only the comment, unless
-the marker names a stub after ` | ` (`// BEGIN SOLUTION: launch it | return "{todo}";`),
-where {todo} stands for the TODO message. So every skeleton compiles and fails with
-"TODO stage NN: ..." instead of crashing.
+Python regions get that `raise` (a `|` in a Python hint is just text). C++/CUDA regions get
+only the comment, unless the marker names a stub after ` | ` (`// BEGIN SOLUTION: launch it
+| return "{todo}";`), where {todo} stands for the TODO message. So every skeleton compiles
+and fails with "TODO stage NN: ..." instead of crashing. Sync refuses, naming the line, a
+marker it cannot pair, a comment that looks like a misspelled marker (it would leak the
+answer into the skeleton), and a Python skeleton that would not parse (a marker indented
+other than its region).
 
 The other files of a solution folder (the op module with its torch-native twin, the binding,
 wrappers) are given, not exercises: they are copied into the stage folder under a header that
@@ -34,6 +37,8 @@ from course import manifest
 BEGIN = re.compile(r"^(?P<indent>\s*)(?P<comment>#|//)\s*BEGIN SOLUTION(?::\s*(?P<hint>[^|]*?))?"
                    r"\s*(?:\|\s*(?P<stub>.*?))?\s*$")
 END = re.compile(r"^\s*(#|//)\s*END SOLUTION\s*$")
+# "# begin solution", "// END SOLUTON", "#BEGIN_SOLUTION": meant as markers, matched by neither
+LOOKALIKE = re.compile(r"^\s*(#|//)\s*(begin|end)[\s_-]*solu", re.IGNORECASE)
 
 
 class SyncError(ValueError):
@@ -53,6 +58,8 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
         m = BEGIN.match(lines[i])
         if END.match(lines[i]):
             raise MarkerError(f"{filename}:{i + 1}: END SOLUTION without BEGIN SOLUTION")
+        if not m and LOOKALIKE.match(lines[i]):
+            raise _lookalike(filename, i, lines[i])
         if not m:
             out.append(lines[i])
             i += 1
@@ -61,6 +68,8 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
         i += 1
         body = 0
         while i < len(lines) and not END.match(lines[i]):
+            if not BEGIN.match(lines[i]) and LOOKALIKE.match(lines[i]):
+                raise _lookalike(filename, i, lines[i])
             if BEGIN.match(lines[i]):
                 raise MarkerError(f"{filename}:{i + 1}: BEGIN SOLUTION inside another region "
                                   f"(opened at line {start + 1})")
@@ -70,16 +79,24 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
             raise MarkerError(f"{filename}:{start + 1}: BEGIN SOLUTION is never closed")
         i += 1  # the END line
         indent, comment = m["indent"], m["comment"]
-        hint = (m["hint"] or "complete this part").strip()
+        hint, stub = (m["hint"] or "").strip(), m["stub"]
+        if comment == "#" and stub is not None:   # Python has no stubs: "a | b" is the hint
+            hint, stub = f"{hint} | {stub}".strip(" |"), None
+        hint = hint or "complete this part"
         todo = f"TODO stage {stage_id}: {hint} (about {body} line{'s' if body != 1 else ''})"
         out.append(f"{indent}{comment} {todo}\n")
-        stub = m["stub"]
         if stub is None and comment == "#":
             stub = 'raise NotImplementedError("{todo}")'
         if stub:
             literal = todo.replace("\\", "\\\\").replace('"', '\\"')  # inside "..." in C++ and Python
             out.append(f"{indent}{stub.replace('{todo}', literal)}\n")
     return "".join(out)
+
+
+def _lookalike(filename: str, i: int, line: str) -> MarkerError:
+    return MarkerError(f"{filename}:{i + 1}: {line.strip()!r} looks like a marker but is not "
+                       "one (exactly `BEGIN SOLUTION: hint` and `END SOLUTION`, in capitals): "
+                       "the answer would be left in the skeleton")
 
 
 def missing_solutions() -> list[Path]:
@@ -105,7 +122,15 @@ def expected_skeletons() -> dict[Path, str]:
                     ast.parse(text, filename=rel)
                 except SyntaxError as e:
                     raise SyncError(f"{rel}:{e.lineno}: {e.msg}") from None
-            files[stage.skeleton_dir() / part] = skeleton_text(text, stage.id, rel)
+            skeleton = skeleton_text(text, stage.id, rel)
+            if src.suffix == ".py":
+                try:
+                    ast.parse(skeleton, filename=rel)
+                except SyntaxError as e:
+                    raise SyncError(f"{rel}: its skeleton would not parse (skeleton line "
+                                    f"{e.lineno}: {e.msg}): is a BEGIN SOLUTION marker indented "
+                                    "like the code of its region?") from None
+            files[stage.skeleton_dir() / part] = skeleton
     return files
 
 

@@ -108,6 +108,18 @@ def test_sync_cuda_stub_and_unbalanced_markers():
         sync.skeleton_text("x = 1\n# END SOLUTION\n", "01", "a.py")
 
 
+def test_a_bar_in_a_python_hint_is_part_of_the_hint():
+    """Python regions have no stubs: "a | b" was split as a stub, and the skeleton held the
+    line `b, then check`, which does not parse."""
+    out = sync.skeleton_text("def f():\n    # BEGIN SOLUTION: join with a | b, then check\n"
+                             "    return 1\n    # END SOLUTION\n", "02", "s.py")
+    assert "TODO stage 02: join with a | b, then check (about 1 line)" in out
+    ns: dict = {}
+    exec(out, ns)
+    with pytest.raises(NotImplementedError, match=r"a \| b, then check"):
+        ns["f"]()
+
+
 def test_every_skeleton_is_in_sync():
     assert not sync.missing_solutions()
     stale = sync.out_of_sync()
@@ -149,7 +161,16 @@ def test_sync_writes_then_checks_a_fake_course(fake_course, capsys):
      "solutions/01_fake/b.py:2: BEGIN SOLUTION is never closed"),
     ("def f(:\n    # BEGIN SOLUTION\n    return 1\n    # END SOLUTION\n",
      "solutions/01_fake/b.py:1: "),
-], ids=["end-deleted", "never-closed", "does-not-parse"])
+    ("def f():\n    # BEGIN SOLUTON: one\n    return 1\n    # END SOLUTON\n",
+     "solutions/01_fake/b.py:2: '# BEGIN SOLUTON: one' looks like a marker"),
+    ("def f():\n    # begin solution: one\n    return 1\n    # end solution\n",
+     "solutions/01_fake/b.py:2: '# begin solution: one' looks like a marker"),
+    ("def f():\n    # BEGIN SOLUTION: one\n    return 1\n    # end solution\n",
+     "solutions/01_fake/b.py:4: '# end solution' looks like a marker"),
+    ("class A:\n    def f(self):\n# BEGIN SOLUTION: one\n        return 1\n"
+     "# END SOLUTION\n", "solutions/01_fake/b.py: its skeleton would not parse"),
+], ids=["end-deleted", "never-closed", "does-not-parse", "misspelled", "lowercase",
+        "lowercase-end", "marker-indent"])
 @pytest.mark.parametrize("argv", [[], ["--check"]], ids=["sync", "check"])
 def test_sync_refuses_a_broken_solution_in_one_line(fake_course, capsys, text, message, argv):
     """Unbalanced markers were a MarkerError traceback; Python that does not parse became a
