@@ -438,6 +438,17 @@ def test_a_zips_macosx_folder_is_not_a_student(tmp_path):
     assert [s.name for s in submission.students(tmp_path)] == ["alice"]
 
 
+def test_the_graders_own_reports_are_not_students(tmp_path, monkeypatch):
+    """`grader class . --csv grades.csv` run inside SUBMISSIONS: the next run graded
+    grades.csv (and the progress file) as students with 0 for every stage."""
+    (tmp_path / "alice").mkdir()
+    for name in ("grades.csv", "grades.json", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    monkeypatch.chdir(tmp_path)
+    got = submission.students(tmp_path, (Path("grades.csv"), tmp_path / "grades.json"))
+    assert [(s.name, bool(s.invalid)) for s in got] == [("alice", False), ("notes.txt", True)]
+
+
 def test_a_student_named_reference_is_refused(tmp_path, capsys):
     """The similarity report names the course's solution 'reference': a student of that name
     could not be told from it."""

@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
     chosen = (list(dict.fromkeys(manifest.find_ready(x) for x in args.stages.split(",")
                                  if x.strip()))
               if args.stages is not None else [s for s in manifest.stages() if s.ready])
-    students = submission.students(args.submissions)
+    students = submission.students(args.submissions, tuple(
+        p for p in (args.csv, args.json, args.junit, args.similarity, args.progress) if p))
     if not students:   # a mistyped or one-level-off path: nothing graded must not read as done
         raise manifest.UnknownStage(f"{args.submissions} holds no student folders: nothing to "
                                     "grade (SUBMISSIONS is the folder that holds one folder per "

@@ -42,12 +42,14 @@ class Parts:
 SKIPPED = ("__MACOSX",)   # what a zip made on a Mac holds beside the folders zipped
 
 
-def students(submissions: Path) -> list[Student]:
-    """Every entry under SUBMISSIONS but dot-entries and a zip's __MACOSX/; the ones that
-    are not plain folders are invalid."""
+def students(submissions: Path, reports: tuple[Path, ...] = ()) -> list[Student]:
+    """Every entry under SUBMISSIONS but dot-entries, a zip's __MACOSX/ and the grader's own
+    reports (`--csv grades.csv` run inside SUBMISSIONS: the next run graded it as a student);
+    the ones that are not plain folders are invalid."""
     out = []
+    ours = {r.resolve() for r in reports}
     for entry in sorted(submissions.iterdir()):
-        if entry.name.startswith(".") or entry.name in SKIPPED:
+        if entry.name.startswith(".") or entry.name in SKIPPED or entry.resolve() in ours:
             continue
         if entry.is_symlink():
             out.append(Student(entry.name, entry, "a symbolic link, not a folder: not graded"))
