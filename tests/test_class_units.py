@@ -438,6 +438,19 @@ def test_a_zips_macosx_folder_is_not_a_student(tmp_path):
     assert [s.name for s in submission.students(tmp_path)] == ["alice"]
 
 
+def test_a_collection_error_is_shown_from_its_start(tmp_path):
+    """The last 3,000 characters of pytest's output began mid-line, inside the list of the
+    tests that did collect, with the import error at the very end."""
+    from grader.classroom import collect
+    listed = "".join(f"stages/02_tokenize/tests/test_x.py::test_{i}\n" for i in range(200))
+    errors = ("=" * 30 + " ERRORS " + "=" * 30 + "\n_ ERROR collecting test_broken.py _\n"
+              "E   ModuleNotFoundError: No module named 'nonexistent'\n")
+    shown = collect._errors(listed + errors)
+    assert shown.startswith("=" * 30 + " ERRORS") and "ModuleNotFoundError" in shown, shown
+    shown = collect._errors(listed)
+    assert shown.startswith("stages/") and len(shown) <= 3000, shown[:80]
+
+
 def test_the_graders_own_reports_are_not_students(tmp_path, monkeypatch):
     """`grader class . --csv grades.csv` run inside SUBMISSIONS: the next run graded
     grades.csv (and the progress file) as students with 0 for every stage."""

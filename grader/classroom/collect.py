@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,5 +57,14 @@ def collect(paths: list[Path]) -> tuple[list[Case], str]:
             text=True)
         cases = [Case(**json.loads(line)) for line in out.read_text().splitlines()] \
             if out.exists() else []
-        problem = "" if proc.returncode == 0 else (proc.stdout + proc.stderr)[-3000:]
-        return cases, problem
+        return cases, "" if proc.returncode == 0 else _errors(proc.stdout + proc.stderr)
+
+
+def _errors(output: str, limit: int = 3000) -> str:
+    """pytest's report of what did not collect: its ERRORS section (the list of the tests
+    that did collect comes before it), else the output's end, from a line's start."""
+    at = re.search(r"^=+ ERRORS =+$", output, re.MULTILINE)
+    if at:
+        return output[at.start():at.start() + limit]
+    tail = output[-limit:]
+    return tail if len(output) <= limit else tail[tail.find("\n") + 1:]
