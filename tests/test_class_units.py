@@ -253,13 +253,15 @@ def test_only_tests_are_lent_whatever_folder_holds_the_course(tmp_path):
     and honest stage 11 and 13 submissions lost most of their marks."""
     from grader.classroom import judge
     root = manifest.ROOT
-    lender = type("Lender", (), {"extra_tests": [root.parent, tmp_path]})()
+    lender = type("Lender", (), {"extra_tests": [root.parent, tmp_path, root / "hidden"]})()
     is_test = lambda p: judge.Connection._is_test_file(lender, p)   # noqa: E731
     assert not is_test(root / "solutions" / "11_continuous_batching" / "sequence.py")
     assert not is_test(root / "stages" / "11_continuous_batching" / "scheduler.py")
     assert is_test(root / "stages" / "11_continuous_batching" / "tests" / "test_scheduler.py")
     assert is_test(root / "conftest.py")
     assert is_test(tmp_path / "11_continuous_batching" / "test_hidden.py")
+    assert is_test(root / "hidden" / "11_continuous_batching" / "test_hidden.py")
+    assert is_test(root.parent / "11_continuous_batching" / "test_hidden.py")
 
 
 def test_the_sandbox_starts_the_interpreter_through_a_symlinked_folder(tmp_path):

@@ -312,8 +312,9 @@ class Connection:
         the course's modules tests: `--extra-tests /tmp` with the course in /tmp/tiny-vllm, or
         the course under a folder named tests, must not lend the course's own classes."""
         path, root = path.resolve(), manifest.ROOT
-        if path.name == "conftest.py":
-            return True
+        if path.name == "conftest.py" or any(path.is_relative_to(d) and not
+                                             root.is_relative_to(d) for d in self.extra_tests):
+            return True    # a hidden-tests folder beside the course, or inside it
         if path.is_relative_to(root):
             return "tests" in path.relative_to(root).parts
         return any(path.is_relative_to(d) for d in self.extra_tests)
