@@ -254,7 +254,9 @@ def test_only_tests_are_lent_whatever_folder_holds_the_course(tmp_path):
     from grader.classroom import judge
     root = manifest.ROOT
     lender = type("Lender", (), {"extra_tests": [root.parent, tmp_path, root / "hidden"]})()
-    is_test = lambda p: judge.Connection._is_test_file(lender, p)   # noqa: E731
+
+    def is_test(path: Path) -> bool:
+        return judge.Connection._is_test_file(lender, path)
     assert not is_test(root / "solutions" / "11_continuous_batching" / "sequence.py")
     assert not is_test(root / "stages" / "11_continuous_batching" / "scheduler.py")
     assert is_test(root / "stages" / "11_continuous_batching" / "tests" / "test_scheduler.py")
@@ -264,22 +266,18 @@ def test_only_tests_are_lent_whatever_folder_holds_the_course(tmp_path):
     assert is_test(root.parent / "11_continuous_batching" / "test_hidden.py")
 
 
-def test_the_sandbox_starts_the_interpreter_through_a_symlinked_folder(tmp_path):
+def test_the_sandbox_starts_the_interpreter_through_a_symlinked_folder(tmp_path, monkeypatch):
     """A course or venv reached through a symlink under a hidden folder: the worker's python
     could not start, and every student scored 0 as if their code had crashed."""
+    real = Path(sys.executable)
     link = tmp_path / "venv-link"
-    link.symlink_to(Path(sys.executable).parent.resolve(), target_is_directory=True)
-    exe = link / Path(sys.executable).name
+    link.symlink_to(real.parent.resolve(), target_is_directory=True)
     (tmp_path / "cwd").mkdir()
-    saved = sys.executable
-    sys.executable = str(exe)
-    try:
-        assert sandbox.interpreter() == Path(saved).parent.resolve() / exe.name
-        code, out = sandbox.run([sys.executable, "-c", "print('started')"],
-                                sandbox.Mounts(hidden=[tmp_path]), tmp_path / "cwd",
-                                {"PATH": os.environ["PATH"]}, 60)
-    finally:
-        sys.executable = saved
+    monkeypatch.setattr(sys, "executable", str(link / real.name))
+    assert sandbox.interpreter() == real.parent.resolve() / real.name
+    code, out = sandbox.run([sys.executable, "-c", "print('started')"],
+                            sandbox.Mounts(hidden=[tmp_path]), tmp_path / "cwd",
+                            {"PATH": os.environ["PATH"]}, 60)
     assert code == 0 and "started" in out, out
 
 
