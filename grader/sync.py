@@ -58,9 +58,9 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
         m = BEGIN.match(lines[i])
         if END.match(lines[i]):
             raise MarkerError(f"{filename}:{i + 1}: END SOLUTION without BEGIN SOLUTION")
-        if not m and LOOKALIKE.match(lines[i]):
-            raise _lookalike(filename, i, lines[i])
         if not m:
+            if LOOKALIKE.match(lines[i]):
+                raise _lookalike(filename, i, lines[i])
             out.append(lines[i])
             i += 1
             continue
@@ -68,11 +68,11 @@ def skeleton_text(text: str, stage_id: str, filename: str) -> str:
         i += 1
         body = 0
         while i < len(lines) and not END.match(lines[i]):
-            if not BEGIN.match(lines[i]) and LOOKALIKE.match(lines[i]):
-                raise _lookalike(filename, i, lines[i])
             if BEGIN.match(lines[i]):
                 raise MarkerError(f"{filename}:{i + 1}: BEGIN SOLUTION inside another region "
                                   f"(opened at line {start + 1})")
+            if LOOKALIKE.match(lines[i]):
+                raise _lookalike(filename, i, lines[i])
             body += bool(lines[i].strip())
             i += 1
         if i == len(lines):

@@ -68,14 +68,13 @@ def token_ids(prompt: Iterable) -> list[int]:
     """A prompt's token ids as ints. TypeError for anything else: int() would read 1.9 as 1
     and "12" as 12, and True is an int to Python, but none of them is a token id."""
     items = list(prompt)
-    try:
-        ids = [operator.index(t) for t in items]
-    except TypeError:
-        ids = None
-    if ids is None or any(isinstance(t, bool) for t in items):
-        raise TypeError("a list of token ids holds integers only, got "
-                        f"{[type(t).__name__ for t in items]}")
-    return ids
+    if not any(isinstance(t, bool) for t in items):
+        try:
+            return [operator.index(t) for t in items]
+        except TypeError:
+            pass
+    raise TypeError("a list of token ids holds integers only, got "
+                    f"{[type(t).__name__ for t in items]}")
 
 
 class LLMEngine:
