@@ -103,3 +103,34 @@ def get(name: str) -> Callable:
     """The op `name`, from the student's or the reference's module as the selection says."""
     stage_id, module = provider(name)
     return getattr(parts.load(stage_id, module), name)
+
+
+class FirstWritten:
+    """A two-part stage's kernel: the fast one once the student has written it, else the simple.
+
+    Stages 06, 12 and 14 ask for a simple, correct kernel first and a fast one second; the
+    engine runs the fastest one present. A kernel whose launcher is still a skeleton raises
+    NotImplementedError("TODO stage NN: ...") before it launches anything, so the first call
+    finds out, says so in one line on stderr, and every later call goes straight to the simple
+    kernel (no try at every step, and the engine's warm-up makes that first call before any
+    CUDA graph is captured).
+
+        decode = FirstWritten("paged attention", fast_kernel, simple_kernel)
+        decode(q, k_cache, ...)   # fast_kernel(...), or simple_kernel(...) while fast is TODO
+    """
+
+    def __init__(self, what: str, *kernels: Callable) -> None:
+        if not kernels:
+            raise ValueError(f"{what}: no kernel to call")
+        self.what = what
+        self._kernels = list(kernels)
+
+    def __call__(self, *args, **kwargs):
+        while True:
+            try:
+                return self._kernels[0](*args, **kwargs)
+            except NotImplementedError as todo:
+                if len(self._kernels) == 1 or "TODO" not in str(todo):
+                    raise
+                self._kernels.pop(0)
+                _say(f"{self.what}: {todo}; the simpler kernel of the stage runs instead")
