@@ -80,6 +80,16 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def mutants(session: nox.Session) -> None:
+    """Do a stage's tests catch the mistakes its lesson names, and small automatic changes of
+    the reference: nox -s mutants -- 11 [--listed | --auto] [--match TEXT] [--list]
+    (python3 -m grader mutants 11). Minutes per stage: each mutant runs the stage's tests."""
+    if not session.posargs:
+        session.error("which stage? e.g. nox -s mutants -- 11")
+    _run(session, "-m", "grader", "mutants", *session.posargs)
+
+
+@nox.session
 def generate(session: nox.Session) -> None:
     """Run the reference engine: nox -s generate -- "What is the capital of France?"
     [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] (python3 -m solutions.engine)."""

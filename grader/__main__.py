@@ -8,6 +8,8 @@
     python3 -m grader next               the first stage without full marks, with its report
     python3 -m grader reset NN           restore stage NN's skeleton (your files are backed up)
     python3 -m grader emulate NN         run your kernel of NN on the CPU in the emulator (no grade)
+    python3 -m grader mutants NN         (maintainers) do NN's tests catch the lesson's mistakes
+                                         and automatic mutants of the reference?
     python3 -m grader list               the stages, from the manifest
     python3 -m grader class DIR          grade every student directory under DIR
     python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks,
@@ -161,7 +163,7 @@ def main(argv: list[str]) -> int:
     children.install()   # test and student processes end with the grader (grader/children.py)
     commands = {"list": list_main, "class": class_main}
     try:
-        if argv and argv[0] in ("verify", "compile-check", "reset", "emulate"):
+        if argv and argv[0] in ("verify", "compile-check", "reset", "emulate", "mutants"):
             module = importlib.import_module("grader." + argv[0].replace("-", "_"))
             return module.main(argv[1:])
         if argv and argv[0] in commands:

@@ -76,6 +76,9 @@ class SlotAllocator:
         return bool(self.free_slots)
 
     def allocate(self, seq: Sequence) -> None:
+        if not self.free_slots:
+            raise RuntimeError(f"allocate(sequence {seq.seq_id}) with no free slot: admit a "
+                               "sequence only when allocator.can_allocate(seq) says yes")
         seq.block_table = [self.free_slots.pop()]
 
     def can_append(self, seq: Sequence) -> bool:

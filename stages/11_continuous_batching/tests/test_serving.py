@@ -14,6 +14,7 @@ import torch
 
 from course import parts
 from course.testing import fixtures
+from course.testing.engine_audit import audit, watch_plans
 
 
 @pytest.fixture(scope="module")
@@ -43,34 +44,15 @@ def solo_oracle(tiny):
     return fixtures.Solo(new_model(tiny), MAX_NEW)
 
 
-def check_invariants(engine, step: int) -> None:
-    """What must hold between any two steps."""
-    s = engine.scheduler
-    cfg = s.config
-    running, waiting = s.running, list(s.waiting)
-    where = f"after step {step}"
-    assert len(running) <= cfg.max_num_seqs, f"{where}: {len(running)} running > max_num_seqs"
-    free, total = s.allocator.free_slots, s.allocator.num_slots
-    slots = [b for q in running for b in q.block_table]
-    assert len(slots) == len(running) and len(set(slots)) == len(slots), (
-        f"{where}: every running sequence owns its own slot, got {slots}")
-    assert not set(slots) & set(free), f"{where}: a slot is both used and free"
-    assert len(slots) + len(free) == total, (
-        f"{where}: free ({len(free)}) + used ({len(slots)}) != {total} slots: "
-        "a slot leaked or was freed twice")
-    for q in waiting:
-        assert not q.block_table and q.num_cached == 0, f"{where}: waiting {q.seq_id} holds cache"
-    for q in running:
-        assert 0 <= q.num_cached <= q.num_tokens <= cfg.max_model_len, (
-            f"{where}: sequence {q.seq_id} has {q.num_cached} cached of {q.num_tokens}")
-        assert not q.is_finished, f"{where}: finished sequence {q.seq_id} still running"
-
-
 def drive(engine, arrivals):
-    return fixtures.drive(engine, arrivals, check_invariants)
+    """Run the engine (fixtures.drive), checking every plan of the scheduler as it is made
+    (watch_plans: budget, limits, prefill or decode, FCFS) and the queues and slots after
+    every step (audit)."""
+    watch_plans(engine.scheduler)
+    return fixtures.drive(engine, arrivals, lambda e, step: audit(e, f"after step {step}"))
 
 
-@pytest.mark.points(6)
+@pytest.mark.points(10)
 def test_soak_many_requests_through_few_slots(tiny):
     """300 requests arrive at random steps with random prompts (of 1-30 tokens, from a pool of
     50), stop points and eos handling, through a cache of 5 slots, at most 4 sequences and 24
@@ -103,6 +85,7 @@ def test_soak_many_requests_through_few_slots(tiny):
         "at the end every slot is free again")
 
 
+@pytest.mark.points(4)
 def test_requests_join_while_others_decode(tiny):
     """b arrives while a is decoding; each gives the tokens it gives alone."""
     engine = new_engine(tiny, max_model_len=64, max_num_seqs=8)
@@ -120,6 +103,7 @@ def test_requests_join_while_others_decode(tiny):
     assert got[b] == solo([9, 10], 4), "b, joining a running batch, must decode as it would alone"
 
 
+@pytest.mark.points(4)
 def test_abort_frees_the_slot_and_spares_the_others(tiny):
     engine = new_engine(tiny, max_model_len=64, max_num_seqs=2, kv_cache_gib=1e-3)
     a = engine.add_request([5, 6, 7], params(max_tokens=20))
@@ -159,6 +143,7 @@ def test_bad_requests_are_refused_and_disturb_nobody(tiny, bad, needle):
         "a refused request must not change what the running ones produce")
 
 
+@pytest.mark.points(2)
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch(tiny):
     """A seeded random request draws the same numbers whatever else is in the batch."""
     sp = params(max_tokens=12, temperature=0.9, top_k=20, top_p=0.9, seed=77)

@@ -1,0 +1,157 @@
+"""`python3 -m grader mutants NN`: do stage NN's tests catch the mistakes a learner makes?
+
+Each mutant (grader/mutate.py: the mistakes the lesson names, from the stage's
+tests/mutants.toml, and automatic small changes of the Python TODO regions) is one part of
+the reference with one change. It is copied with the stage's other parts into a temporary
+student folder (solutions/ is never touched) and the stage's tests run against it, as the
+grader runs a learner's, stopping at the first failure: a failing, hanging or crashing test
+KILLS the mutant; all passing, it SURVIVED (a hole in the tests). A listed mistake must also
+be NAMED: its failure message contains the entry's `expect` words.
+
+Kernels (.cu) run in the CPU emulator (tests/test_emulated_kernels.py, as `grader emulate`),
+or the stage's GPU tests where a CUDA device is present. `quick` in mutants.toml names test
+files that catch most mutants cheaply: they run first, the whole stage only for a mutant
+they miss.
+
+Exit status: 0 when every listed mistake is killed and named and at least 90% of the
+automatic mutants are killed or argued equivalent; 1 otherwise; 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from course import manifest
+from grader import arguments, emulate, mutate, runner
+
+GOAL = 0.9                 # killed or equivalent, of the automatic mutants
+KILLING = ("failed", "timeout", "crashed", "todo")
+DEFAULT_TIMEOUT = 120.0    # a mutant that loops forever costs this much
+
+
+@dataclass
+class Verdict:
+    mutant: mutate.Mutant
+    killed: bool
+    test: str = ""         # the first test that failed
+    message: str = ""
+
+    @property
+    def named(self) -> bool:
+        return self.killed and self.mutant.expect.lower() in self.message.lower()
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def test_sets(stage: manifest.Stage, file: str) -> list[list[Path]]:
+    """The test runs for a mutant of `file`, cheapest first."""
+    if file.endswith(".cu") and not _has_gpu():
+        return [[emulate.TEST_FILE]]
+    tests = manifest.ROOT / "stages" / stage.dir / "tests"
+    quick = tomllib.loads(mutate.list_file(stage).read_text()).get("quick", []) \
+        if mutate.list_file(stage).exists() else []
+    full = runner.test_paths(stage, None)
+    return ([[tests / q for q in quick]] if quick else []) + [full]
+
+
+def run(stage: manifest.Stage, mutant: mutate.Mutant, timeout: float = DEFAULT_TIMEOUT,
+        test_sets_: list[list[Path]] | None = None) -> Verdict:
+    """Run the stage's tests against the mutant (in a temporary student folder)."""
+    with tempfile.TemporaryDirectory(prefix="tinyvllm-mutant-") as tmp:
+        folder = Path(tmp) / stage.dir
+        folder.mkdir()
+        for part in stage.parts:
+            shutil.copy(stage.solution_dir() / part, folder / part)
+        (folder / mutant.file).write_text(mutant.text)
+        for paths in test_sets_ or test_sets(stage, mutant.file):
+            extra = ("-x",) + (("-k", emulate.TESTS[stage.id])
+                               if paths == [emulate.TEST_FILE] else ())
+            tests, errors = runner.run_tests(paths, [stage.id], Path(tmp), timeout,
+                                             pytest_args=extra)
+            if errors:
+                return Verdict(mutant, True, "collection", errors[0])
+            bad = next((t for t in tests if t.outcome in KILLING), None)
+            if bad:
+                return Verdict(mutant, True, bad.name, bad.message)
+    return Verdict(mutant, False)
+
+
+def _line(v: Verdict, equivalent: str | None = None) -> str:
+    if equivalent is not None:
+        return f"  equivalent  {v.mutant.id}\n              ({equivalent})"
+    if not v.killed:
+        return f"  SURVIVED    {v.mutant.id}"
+    first = v.message.strip().splitlines()[0] if v.message.strip() else ""
+    named = "" if not v.mutant.listed else ("  named" if v.named else
+                                            f"  NOT NAMED (no '{v.mutant.expect}')")
+    return f"  killed      {v.mutant.id}{named}\n              by {v.test}: {first[:150]}"
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python3 -m grader mutants", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("stage", help="stage id, e.g. 11")
+    p.add_argument("--listed", action="store_true", help="only the mistakes mutants.toml names")
+    p.add_argument("--auto", action="store_true", help="only the automatic mutants")
+    p.add_argument("--match", metavar="TEXT", default="",
+                   help="only the mutants whose name contains TEXT")
+    p.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    arguments.add_test_timeout(p, DEFAULT_TIMEOUT)
+    args = p.parse_args(argv)
+    arguments.positive_seconds(p, timeout=args.timeout)
+    stage = manifest.find_ready(args.stage)
+    try:
+        listed = [] if args.auto else mutate.listed(stage)
+    except mutate.MutantListError as e:
+        p.error(str(e))
+    auto = [] if args.listed else mutate.automatic(stage)
+    equivalent = mutate.equivalents(stage)
+    chosen = [m for m in listed + auto if args.match in m.id]
+    if args.list:
+        for m in chosen:
+            print(("listed  " if m.listed else "auto    ") + m.id)
+        return 0
+    start = time.time()
+    print(f"stage {stage.id}: {sum(m.listed for m in chosen)} listed mistakes, "
+          f"{sum(not m.listed for m in chosen)} automatic mutants", flush=True)
+    verdicts = []
+    for m in chosen:
+        if not m.listed and m.id in equivalent:
+            verdicts.append(Verdict(m, False))
+            print(_line(verdicts[-1], equivalent[m.id]), flush=True)
+            continue
+        verdicts.append(run(stage, m, args.timeout))
+        print(_line(verdicts[-1]), flush=True)
+    return _summary(verdicts, equivalent, time.time() - start)
+
+
+def _summary(verdicts: list[Verdict], equivalent: dict[str, str], seconds: float) -> int:
+    listed = [v for v in verdicts if v.mutant.listed]
+    auto = [v for v in verdicts if not v.mutant.listed]
+    ok = True
+    if listed:
+        named = sum(v.named for v in listed)
+        print(f"\nlisted mistakes: {sum(v.killed for v in listed)} of {len(listed)} killed, "
+              f"{named} named by the failure")
+        ok = named == len(listed)
+    if auto:
+        killed = sum(v.killed for v in auto)
+        eq = sum(v.mutant.id in equivalent for v in auto)
+        share = (killed + eq) / len(auto)
+        print(f"automatic mutants: {killed} killed, {eq} equivalent, "
+              f"{len(auto) - killed - eq} survived of {len(auto)}: {share:.0%} killed or "
+              f"equivalent (goal {GOAL:.0%})")
+        ok = ok and share >= GOAL
+    print(f"({seconds:.0f} s)")
+    return 0 if ok else 1
