@@ -10,8 +10,8 @@ be NAMED: its failure message contains the entry's `expect` words.
 
 Kernels (.cu) run in the CPU emulator (tests/test_emulated_kernels.py, as `grader emulate`),
 or the stage's GPU tests where a CUDA device is present. `quick` in mutants.toml names test
-files that catch most mutants cheaply: they run first, the whole stage only for a mutant
-they miss.
+files that catch most mutants cheaply: they run first, for every Python mutant in one
+process (grader/mutants_batch.py), and the whole stage only for a mutant they miss.
 
 Exit status: 0 when every listed mistake is killed and named and at least 90% of the
 automatic mutants are killed or argued equivalent; 1 otherwise; 2 bad usage.
@@ -19,7 +19,11 @@ automatic mutants are killed or argued equivalent; 1 otherwise; 2 bad usage.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import tomllib
@@ -31,7 +35,8 @@ from grader import arguments, emulate, mutate, runner
 
 GOAL = 0.9                 # killed or equivalent, of the automatic mutants
 KILLING = ("failed", "timeout", "crashed", "todo")
-DEFAULT_TIMEOUT = 120.0    # a mutant that loops forever costs this much
+DEFAULT_TIMEOUT = 600.0    # per test of a full run: a serving soak takes minutes on a busy CPU
+QUICK_TIMEOUT = 60.0       # per mutant's quick tests (pure Python, seconds)
 
 
 @dataclass
@@ -54,37 +59,57 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def test_sets(stage: manifest.Stage, file: str) -> list[list[Path]]:
-    """The test runs for a mutant of `file`, cheapest first."""
+def quick_tests(stage: manifest.Stage) -> list[Path]:
+    """The stage's cheap test files (mutants.toml's `quick`), or none."""
+    path = mutate.list_file(stage)
+    quick = tomllib.loads(path.read_text()).get("quick", []) if path.exists() else []
+    return [manifest.ROOT / "stages" / stage.dir / "tests" / q for q in quick]
+
+
+def full_tests(stage: manifest.Stage, file: str) -> tuple[list[Path], tuple[str, ...]]:
+    """The tests that judge a mutant of `file`, with pytest's extra arguments: a kernel's
+    emulator tests on a machine without a GPU, else the stage's tests."""
     if file.endswith(".cu") and not _has_gpu():
-        return [[emulate.TEST_FILE]]
-    tests = manifest.ROOT / "stages" / stage.dir / "tests"
-    quick = tomllib.loads(mutate.list_file(stage).read_text()).get("quick", []) \
-        if mutate.list_file(stage).exists() else []
-    full = runner.test_paths(stage, None)
-    return ([[tests / q for q in quick]] if quick else []) + [full]
+        return [emulate.TEST_FILE], ("-k", emulate.TESTS[stage.id])
+    return runner.test_paths(stage, None), ()
 
 
-def run(stage: manifest.Stage, mutant: mutate.Mutant, timeout: float = DEFAULT_TIMEOUT,
-        test_sets_: list[list[Path]] | None = None) -> Verdict:
-    """Run the stage's tests against the mutant (in a temporary student folder)."""
+def run(stage: manifest.Stage, mutant: mutate.Mutant, timeout: float = DEFAULT_TIMEOUT
+        ) -> Verdict:
+    """Run the tests that judge the mutant, in a temporary student folder, until the first
+    failure (as the grader runs a learner's: each test in a child process, under a limit)."""
     with tempfile.TemporaryDirectory(prefix="tinyvllm-mutant-") as tmp:
         folder = Path(tmp) / stage.dir
         folder.mkdir()
         for part in stage.parts:
             shutil.copy(stage.solution_dir() / part, folder / part)
         (folder / mutant.file).write_text(mutant.text)
-        for paths in test_sets_ or test_sets(stage, mutant.file):
-            extra = ("-x",) + (("-k", emulate.TESTS[stage.id])
-                               if paths == [emulate.TEST_FILE] else ())
-            tests, errors = runner.run_tests(paths, [stage.id], Path(tmp), timeout,
-                                             pytest_args=extra)
-            if errors:
-                return Verdict(mutant, True, "collection", errors[0])
-            bad = next((t for t in tests if t.outcome in KILLING), None)
-            if bad:
-                return Verdict(mutant, True, bad.name, bad.message)
-    return Verdict(mutant, False)
+        paths, extra = full_tests(stage, mutant.file)
+        tests, errors = runner.run_tests(paths, [stage.id], Path(tmp), timeout,
+                                         pytest_args=("-x", *extra))
+    if errors:
+        return Verdict(mutant, True, "collection", errors[0])
+    bad = next((t for t in tests if t.outcome in KILLING), None)
+    return Verdict(mutant, True, bad.name, bad.message) if bad else Verdict(mutant, False)
+
+
+def run_quick(stage: manifest.Stage, mutants: list[mutate.Mutant], tests: list[Path],
+              timeout: float) -> dict[str, Verdict]:
+    """The quick tests of many Python mutants in one child process (grader/mutants_batch.py);
+    a mutant the child did not report (it died) is simply left out."""
+    with tempfile.TemporaryDirectory(prefix="tinyvllm-mutants-") as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.jsonl"
+        job.write_text(json.dumps({
+            "stage": stage.id, "tests": [str(t) for t in tests], "timeout": timeout,
+            "mutants": [{"id": m.id, "file": m.file, "text": m.text} for m in mutants]}))
+        env = {**os.environ, "PYTHONPATH": str(manifest.ROOT)}
+        subprocess.run([sys.executable, "-m", "grader.mutants_batch", str(job), str(out)],
+                       cwd=manifest.ROOT, env=env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+        lines = out.read_text().splitlines() if out.exists() else []
+    by_id = {m.id: m for m in mutants}
+    return {r["id"]: Verdict(by_id[r["id"]], r["killed"], r["test"], r["message"])
+            for r in map(json.loads, lines)}
 
 
 def _line(v: Verdict, equivalent: str | None = None) -> str:
@@ -125,13 +150,18 @@ def main(argv: list[str]) -> int:
     start = time.time()
     print(f"stage {stage.id}: {sum(m.listed for m in chosen)} listed mistakes, "
           f"{sum(not m.listed for m in chosen)} automatic mutants", flush=True)
+    quick = quick_tests(stage)
+    to_run = [m for m in chosen if m.listed or m.id not in equivalent]
+    done = run_quick(stage, [m for m in to_run if m.file.endswith(".py")], quick,
+                     min(QUICK_TIMEOUT, args.timeout)) if quick else {}
     verdicts = []
     for m in chosen:
-        if not m.listed and m.id in equivalent:
+        if m not in to_run:
             verdicts.append(Verdict(m, False))
             print(_line(verdicts[-1], equivalent[m.id]), flush=True)
             continue
-        verdicts.append(run(stage, m, args.timeout))
+        verdict = done.get(m.id)
+        verdicts.append(verdict if verdict and verdict.killed else run(stage, m, args.timeout))
         print(_line(verdicts[-1]), flush=True)
     return _summary(verdicts, equivalent, time.time() - start)
 

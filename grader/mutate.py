@@ -5,7 +5,8 @@ sources:
 
 - listed: `stages/NN_name/tests/mutants.toml`, one `[[mutant]]` per common mistake the
   lesson names: `name` (the mistake), `file` (a part), `pattern` (text that occurs exactly
-  once in the reference), `replacement`, and `expect` (words the failing test's message must
+  once in the reference; or a list of such, for a mistake of several edits), `replacement`
+  (or a list, one per pattern), and `expect` (words the failing test's message must
   contain, so that the learner is told which mistake it is). Kernels (.cu) have only these.
 - automatic: every small change of the Python code inside the SOLUTION regions (what the
   learner writes): an operator or comparison swapped, a condition negated, `and`/`or`
@@ -60,13 +61,16 @@ def listed(stage: manifest.Stage) -> list[Mutant]:
         if file not in stage.parts:
             raise MutantListError(f"{list_file(stage)}: {entry['name']}: {file} is not a part")
         text = (stage.solution_dir() / file).read_text()
-        count = text.count(entry["pattern"])
-        if count != 1:
-            raise MutantListError(f"{list_file(stage)}: {entry['name']}: its pattern occurs "
-                                  f"{count} times in {file} (it must occur once)")
-        out.append(Mutant(entry["name"], file,
-                          text.replace(entry["pattern"], entry["replacement"]), True,
-                          entry.get("expect", "")))
+        patterns, replacements = entry["pattern"], entry["replacement"]
+        if isinstance(patterns, str):   # one edit, or several: lists of the same length
+            patterns, replacements = [patterns], [replacements]
+        for pattern, replacement in zip(patterns, replacements, strict=True):
+            count = text.count(pattern)
+            if count != 1:
+                raise MutantListError(f"{list_file(stage)}: {entry['name']}: a pattern occurs "
+                                      f"{count} times in {file} (it must occur once)")
+            text = text.replace(pattern, replacement)
+        out.append(Mutant(entry["name"], file, text, True, entry.get("expect", "")))
     return out
 
 

@@ -6,6 +6,8 @@ decode step ask for room for it (can_append / append).
 """
 from __future__ import annotations
 
+import pytest
+
 from course import parts
 
 
@@ -62,6 +64,7 @@ def check_pool(bm, seqs):
     assert bm.num_free_blocks + bm.num_used_blocks == bm.num_total_blocks == bm.num_blocks - 1
 
 
+@pytest.mark.points(3)
 def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
     bm = manager(num_blocks=9, block_size=4)
     assert bm.pad_block == 0 and bm.num_total_blocks == 8 and bm.num_free_blocks == 8
@@ -78,6 +81,7 @@ def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
     assert bm.num_free_blocks == 3 and not c.block_table, "can_allocate must change nothing"
 
 
+@pytest.mark.points(2)
 def test_free_gives_every_block_back():
     bm = manager(num_blocks=9, block_size=4)
     seqs = [admit(bm, new_seq(i, range(10 * i + 1, 10 * i + 6))) for i in range(4)]
@@ -89,12 +93,15 @@ def test_free_gives_every_block_back():
     assert bm.num_free_blocks == 8, "after freeing everything, every block is free again"
 
 
+@pytest.mark.points(4)
 def test_append_takes_a_block_exactly_when_the_newest_token_starts_one():
     bm = manager(num_blocks=5, block_size=4)
     s = admit(bm, new_seq(0, [1, 2, 3, 4]))            # one full block
     prefill(bm, s)                                      # token 5 (position 4) starts block 2
     assert len(s.block_table) == 2, (
-        f"the 5th token (position 4) needs a second block of 4, got {s.block_table}")
+        f"the 5th token (position 4) needs a second block of 4, got {s.block_table}: a new "
+        "block is needed when the table covers fewer positions than num_tokens, not when "
+        "num_tokens % block_size == 0")
     for n in (6, 7, 8):
         decode(bm, s)
         assert len(s.block_table) == 2, f"{n} tokens fit 2 blocks of 4, got {s.block_table}"
@@ -118,6 +125,7 @@ def test_append_takes_a_block_exactly_when_the_newest_token_starts_one():
     check_pool(bm, [s])
 
 
+@pytest.mark.points(4)
 def test_a_shared_prefix_is_cached_once_and_reference_counted():
     bm = manager(num_blocks=12, block_size=4)
     system = list(range(1, 9))                         # 8 tokens: 2 full blocks
@@ -140,6 +148,7 @@ def test_a_shared_prefix_is_cached_once_and_reference_counted():
         f"stats: 8 hit tokens of {10 + 11} looked up, got {stats}")
 
 
+@pytest.mark.points(4)
 def test_blocks_are_named_by_a_chained_hash():
     """hash of block i = chain_hash(hash of block i - 1, its tokens); the first starts at -1."""
     mod = bm_mod()
@@ -162,6 +171,7 @@ def test_blocks_are_named_by_a_chained_hash():
         "c shares a's first block only")
 
 
+@pytest.mark.points(4)
 def test_a_hit_is_checked_against_tokens_and_parent(monkeypatch):
     """With a hash that collides for every block, nothing may be shared wrongly: a hit must
     hold the same tokens after the same (already matched) block."""
@@ -186,6 +196,7 @@ def test_a_hit_is_checked_against_tokens_and_parent(monkeypatch):
     check_pool(bm, [a, b, c, d])
 
 
+@pytest.mark.points(3)
 def test_a_fully_cached_prompt_still_runs_its_last_token():
     bm = manager(num_blocks=12, block_size=4)
     prompt = list(range(1, 9))                         # exactly 2 blocks
@@ -204,6 +215,7 @@ def test_a_fully_cached_prompt_still_runs_its_last_token():
     check_pool(bm, [a, b, c])
 
 
+@pytest.mark.points(5)
 def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
     bm = manager(num_blocks=7, block_size=4)           # 6 blocks, free in order 1..6
     prompt = list(range(1, 10))                        # 9 tokens: blocks 1, 2, 3
@@ -240,6 +252,7 @@ def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
     check_pool(bm, [d, e])
 
 
+@pytest.mark.points(2)
 def test_without_prefix_caching_nothing_is_shared():
     bm = manager(num_blocks=12, block_size=4, prefix_caching=False)
     a = prefill(bm, admit(bm, new_seq(0, range(1, 10))))
@@ -249,6 +262,7 @@ def test_without_prefix_caching_nothing_is_shared():
     check_pool(bm, [a, b])
 
 
+@pytest.mark.points(4)
 def test_scheduler_preempts_when_blocks_run_out_and_nothing_leaks():
     """Stage 11's scheduler on this block manager: decode steps outgrow the pool, the newest
     sequence is preempted, freed and recomputed later; at the end every block is free."""
@@ -278,6 +292,7 @@ def test_scheduler_preempts_when_blocks_run_out_and_nothing_leaks():
     assert bm.num_free_blocks == 8
 
 
+@pytest.mark.points(3)
 def test_a_prefix_computed_twice_stays_one_chain():
     """Two requests with the same 3-block prefix arrive in one step: both compute it, and
     only the first copy of each block is registered. A third request must still find all 3
@@ -287,7 +302,10 @@ def test_a_prefix_computed_twice_stays_one_chain():
     prefix = list(range(1, 13))                       # 3 full blocks
     a = admit(bm, new_seq(0, prefix + [50, 51]))
     b = admit(bm, new_seq(1, prefix + [60]))
-    assert a.num_cached == b.num_cached == 0, "nothing is cached before either has run"
+    assert a.num_cached == b.num_cached == 0, (
+        f"nothing is cached before either has run, yet b found {b.num_cached} tokens: a block "
+        "is registered (gets its hash) once its K/V are computed (computed/append), never at "
+        "admission, or a request hits blocks whose K/V do not exist yet")
     prefill(bm, a)
     prefill(bm, b)
     c = admit(bm, new_seq(2, prefix + [70, 71]))
@@ -298,3 +316,74 @@ def test_a_prefix_computed_twice_stays_one_chain():
     d = admit(bm, new_seq(3, prefix + [60, 61, 62, 63, 64]))
     assert d.num_cached >= 12, "b's prefix is the same chain: a fourth request finds it too"
     check_pool(bm, [a, b, c, d])
+
+
+@pytest.mark.points(4)
+def test_the_same_block_after_different_prefixes_is_two_cache_entries():
+    """A block's hash covers every token before it: [x, y] and [w, y] hold the same tokens y
+    in their second block, but with other K/V (attention saw other tokens before). Both
+    prefixes stay cached, each found by its own requests."""
+    bm = manager(num_blocks=20, block_size=4)
+    x, w, y = [1, 2, 3, 4], [9, 9, 9, 9], [5, 6, 7, 8]
+    a = prefill(bm, admit(bm, new_seq(0, x + y + [1])))
+    b = prefill(bm, admit(bm, new_seq(1, w + y + [1])))
+    assert not set(a.block_table) & set(b.block_table), "a and b share no block"
+    c = admit(bm, new_seq(2, x + y + [2]))
+    d = admit(bm, new_seq(3, w + y + [2]))
+    assert c.block_table[:2] == a.block_table[:2] and d.block_table[:2] == b.block_table[:2], (
+        f"c repeats a's 8 tokens and d b's: each finds its own 2 blocks; got c "
+        f"{c.block_table[:2]} (a {a.block_table[:2]}), d {d.block_table[:2]} (b "
+        f"{b.block_table[:2]}). A hash of the block's tokens alone names y's block the same "
+        "after x and after w: chain it, hash_i = chain_hash(hash_(i-1), tokens of block i)")
+    check_pool(bm, [a, b, c, d])
+
+
+@pytest.mark.points(4)
+def test_a_preempted_sequence_finds_its_own_blocks_again():
+    """Preemption frees a sequence's blocks, but they keep their contents: readmitted (its
+    prompt and output so far), it finds its computed full blocks cached and recomputes only
+    the rest."""
+    bm = manager(num_blocks=12, block_size=4)
+    a = prefill(bm, admit(bm, new_seq(0, range(1, 7))))   # 7 tokens: 6 computed
+    for _ in range(3):
+        decode(bm, a)                                       # 10 tokens: 9 computed
+    table = list(a.block_table)
+    bm.free(a)                                              # preempted
+    a.num_cached = 0
+    assert bm.can_allocate(a)
+    bm.allocate(a)
+    assert a.num_cached == 8 and a.block_table[:2] == table[:2], (
+        f"a's first 2 blocks (8 tokens) were computed before it was preempted and nobody "
+        f"took them: readmitted, it must find them (num_cached 8, blocks {table[:2]}); got "
+        f"num_cached {a.num_cached}, blocks {a.block_table}")
+    check_pool(bm, [a])
+
+
+@pytest.mark.points(3)
+def test_freeing_a_sequence_twice_changes_nothing():
+    """finish after preempt, or abort after finish: the second free must not drop the
+    reference counts again (a shared block would go free while another sequence reads it)."""
+    bm = manager(num_blocks=12, block_size=4)
+    system = list(range(1, 9))
+    a = prefill(bm, admit(bm, new_seq(0, system + [20])))
+    b = admit(bm, new_seq(1, system + [30]))
+    bm.free(a)
+    bm.free(a)
+    assert all(bm.blocks[blk].ref_count == 1 for blk in b.block_table[:2]), (
+        f"freeing a twice dropped the shared blocks' counts below b's hold: ref counts "
+        f"{[bm.blocks[blk].ref_count for blk in b.block_table[:2]]}, want [1, 1]; free empties "
+        "the sequence's block table, so a second free finds nothing to give back")
+    check_pool(bm, [b])
+
+
+@pytest.mark.points(2)
+def test_free_forgets_the_sequence():
+    """A server runs for days: what the block manager keeps per sequence (seq_hashes) goes
+    when the sequence's blocks do."""
+    bm = manager(num_blocks=12, block_size=4)
+    seqs = [prefill(bm, admit(bm, new_seq(i, range(10 * i + 1, 10 * i + 10)))) for i in range(3)]
+    for s in seqs:
+        bm.free(s)
+    assert not bm.seq_hashes, (
+        f"every sequence was freed, yet seq_hashes still holds {sorted(bm.seq_hashes)}: free "
+        "forgets the sequence (a leak that grows with every request)")

@@ -16,7 +16,7 @@ import torch
 
 from course import parts
 from course.testing import fixtures
-from course.testing.engine_audit import audit
+from course.testing.engine_audit import audit, watch_plans
 
 BLOCK = 4
 
@@ -54,10 +54,13 @@ def solo_oracle(tiny):
 
 
 def drive(engine, arrivals):
+    """Run the engine, checking every plan of the scheduler as it is made (watch_plans) and
+    the queues and the pool after every step (audit)."""
+    watch_plans(engine.scheduler)
     return fixtures.drive(engine, arrivals, lambda e, step: audit(e, f"after step {step}"))
 
 
-@pytest.mark.points(6)
+@pytest.mark.points(8)
 def test_soak_shared_prefixes_through_a_small_pool(tiny):
     """200 requests: one of 3 system prompts (9, 14, 21 tokens) + a short question from a
     pool, arriving at random steps, greedy, through 24 blocks of 4 positions while up to 6
@@ -91,6 +94,7 @@ def test_soak_shared_prefixes_through_a_small_pool(tiny):
     assert bm.stats.hit_tokens > 0, "requests with a common system prompt must share blocks"
 
 
+@pytest.mark.points(3)
 def test_a_shared_system_prompt_is_computed_once(tiny):
     """Two requests with a 13-token system prompt, one after the other: the second finds 12
     tokens (3 full blocks) cached and runs only the rest, with the same output as alone."""
