@@ -45,6 +45,7 @@ class Verdict:
     killed: bool
     test: str = ""         # the first test that failed
     message: str = ""
+    ran: bool = True       # False: a kernel with no emulator test, on a machine without a GPU
 
     @property
     def named(self) -> bool:
@@ -78,6 +79,8 @@ def run(stage: manifest.Stage, mutant: mutate.Mutant, timeout: float = DEFAULT_T
         ) -> Verdict:
     """Run the tests that judge the mutant, in a temporary student folder, until the first
     failure (as the grader runs a learner's: each test in a child process, under a limit)."""
+    if mutant.file.endswith(".cu") and stage.id not in emulate.TESTS and not _has_gpu():
+        return Verdict(mutant, False, ran=False)
     with tempfile.TemporaryDirectory(prefix="tinyvllm-mutant-") as tmp:
         folder = Path(tmp) / stage.dir
         folder.mkdir()
@@ -115,6 +118,8 @@ def run_quick(stage: manifest.Stage, mutants: list[mutate.Mutant], tests: list[P
 def _line(v: Verdict, equivalent: str | None = None) -> str:
     if equivalent is not None:
         return f"  equivalent  {v.mutant.id}\n              ({equivalent})"
+    if not v.ran:
+        return f"  not run     {v.mutant.id} (its kernel needs a GPU: no emulator test)"
     if not v.killed:
         return f"  SURVIVED    {v.mutant.id}"
     first = v.message.strip().splitlines()[0] if v.message.strip() else ""
@@ -172,8 +177,10 @@ def _summary(verdicts: list[Verdict], equivalent: dict[str, str], seconds: float
     ok = True
     if listed:
         named = sum(v.named for v in listed)
+        unrun = sum(not v.ran for v in listed)
         print(f"\nlisted mistakes: {sum(v.killed for v in listed)} of {len(listed)} killed, "
-              f"{named} named by the failure")
+              f"{named} named by the failure" + (f", {unrun} not run here (need a GPU)"
+                                                 if unrun else ""))
         ok = named == len(listed)
     if auto:
         killed = sum(v.killed for v in auto)

@@ -139,12 +139,17 @@ def check_plan(sched, before: _Before, batch: list, where: str) -> None:
         assert q.num_cached + n <= q.num_tokens, (
             f"{where}: sequence {q.seq_id} schedules {n} tokens but only "
             f"{q.num_tokens - q.num_cached} are uncached: a step runs uncached tokens only")
-    total = sum(q.num_scheduled for q in batch)
-    assert total <= c.max_num_batched_tokens, (
-        f"{where}: the step schedules {total} tokens ({dict(zip(ids, [q.num_scheduled for q in batch]))}"
-        f"), more than max_num_batched_tokens {c.max_num_batched_tokens}: every scheduled token "
-        "counts against the step's budget, and a chunk takes at most what is left of it")
+    sizes = {q.seq_id: q.num_scheduled for q in batch}
+    assert sum(sizes.values()) <= c.max_num_batched_tokens, (
+        f"{where}: the step schedules {sum(sizes.values())} tokens ({sizes}), more than "
+        f"max_num_batched_tokens {c.max_num_batched_tokens}: every scheduled token counts "
+        "against the step's budget, and a chunk takes at most what is left of it")
     running_ids = {q.seq_id for q in sched.running}
+    for q in sched.running + list(sched.waiting):
+        want = "running" if q.seq_id in running_ids else "waiting"
+        assert q.status.value == want, (
+            f"{where}: sequence {q.seq_id} is {want} but its status is {q.status.value}: "
+            "admitting sets RUNNING, preempting WAITING")
     assert len(sched.running) <= c.max_num_seqs, (
         f"{where}: {len(sched.running)} sequences run, more than max_num_seqs {c.max_num_seqs}")
     assert batch or not sched.running, (

@@ -46,7 +46,7 @@ def plan(batch):
     return [(s.seq_id, s.num_scheduled) for s in batch]
 
 
-@pytest.mark.points(4)
+@pytest.mark.points(3)
 def test_sequence_counts_and_keeps_only_the_token_of_a_complete_step():
     s = new_seq(0, 10)
     assert s.num_uncached == 10, "a new sequence has its whole prompt uncached"
@@ -79,6 +79,9 @@ def test_prefill_packs_prompts_in_arrival_order_within_budget():
     assert plan(sched.schedule()) == [(2, 11), (3, 3)], (
         "the next step admits the two prompts that waited, in order (no decode: prompt work "
         "goes first)")
+    exact = scheduler(budget=32, max_len=32, chunked=False)
+    exact.add(new_seq(0, 32))
+    assert plan(exact.schedule()) == [(0, 32)], "a prompt of exactly the budget fits it"
 
 
 @pytest.mark.points(6)
@@ -101,7 +104,7 @@ def test_chunked_prefill_takes_what_is_left_of_the_budget():
         "no prompt work left: a decode step of every running sequence, one token each")
 
 
-@pytest.mark.points(4)
+@pytest.mark.points(3)
 def test_long_prompt_is_chunked_over_several_steps():
     sched = scheduler(budget=8, max_len=64)
     sched.add(new_seq(0, 30))
@@ -112,6 +115,17 @@ def test_long_prompt_is_chunked_over_several_steps():
         if run_step(batch):
             break
     assert sizes == [8, 8, 8, 6], f"30 prompt tokens through a budget of 8: {sizes}"
+
+
+@pytest.mark.points(4)
+def test_the_last_token_of_the_budget_is_used():
+    """Chunked prefill wastes no budget: one token left still starts the next prompt."""
+    sched = scheduler(budget=11, chunked=True)
+    sched.add(new_seq(0, 10))
+    sched.add(new_seq(1, 5))
+    batch = sched.schedule()
+    assert plan(batch) == [(0, 10), (1, 1)], (
+        f"a's 10 tokens leave 1 of the budget 11: b takes it (a chunk of 1); got {plan(batch)}")
 
 
 @pytest.mark.points(4)
@@ -180,7 +194,7 @@ def test_the_chunk_is_computed_after_allocate():
         f"b takes the 12 tokens left of the budget 16 after a's 4; got {plan(batch)}")
 
 
-@pytest.mark.points(4)
+@pytest.mark.points(3)
 def test_limits_on_slots_and_sequences():
     sched = scheduler(slots=2, max_seqs=8, budget=100)
     for i in range(5):
@@ -213,7 +227,7 @@ def test_a_step_is_all_prefill_or_all_decode():
     assert plan(sched.schedule()) == [(0, 1), (1, 1)], "then both decode together"
 
 
-@pytest.mark.points(4)
+@pytest.mark.points(3)
 def test_finish_frees_the_slot_for_the_next_request():
     sched = scheduler(slots=1)
     a, b = new_seq(0, 4), new_seq(1, 4)

@@ -79,6 +79,7 @@ def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
     c = new_seq(2, range(200, 216))                    # 16 tokens: 4 blocks > 3 free
     assert not bm.can_allocate(c), "4 blocks are needed, 3 are free"
     assert bm.num_free_blocks == 3 and not c.block_table, "can_allocate must change nothing"
+    assert bm.can_allocate(new_seq(3, range(300, 312))), "12 tokens need 3 blocks: they fit"
 
 
 @pytest.mark.points(2)
@@ -387,3 +388,18 @@ def test_free_forgets_the_sequence():
     assert not bm.seq_hashes, (
         f"every sequence was freed, yet seq_hashes still holds {sorted(bm.seq_hashes)}: free "
         "forgets the sequence (a leak that grows with every request)")
+
+
+@pytest.mark.points(3)
+def test_a_hit_on_a_free_block_counts_against_the_free_pool():
+    """A cached block nobody holds sits in the free list: reusing it takes it from there, as a
+    fresh block would."""
+    bm = manager(num_blocks=5, block_size=4)            # 4 blocks
+    prompt = list(range(1, 9))
+    a = prefill(bm, admit(bm, new_seq(0, prompt)))     # 9 tokens: 2 full blocks + 1
+    bm.free(a)                                          # 4 free, 2 of them cached
+    admit(bm, new_seq(1, range(50, 58)))               # takes the 2 uncached ones
+    c = new_seq(2, prompt + [100])
+    assert not bm.can_allocate(c), (
+        "c hits a's 2 cached blocks, both free, and needs 1 fresh block: 3 blocks out of the "
+        "2 free ones. can_allocate counts fresh blocks plus the hits that are free")
