@@ -253,7 +253,11 @@ def test_abort_a_waiting_request():
     sched.add(b)
     sched.schedule()
     sched.finish(b, "abort")
-    assert list(sched.waiting) == [] and b.finish_reason == "abort" and b.is_finished
+    assert list(sched.waiting) == [], (
+        "finish (an abort) of a waiting request takes it out of the queue: it would be "
+        f"admitted later; the queue holds {[s.seq_id for s in sched.waiting]}")
+    assert b.finish_reason == "abort" and b.is_finished, (
+        f"an aborted request is FINISHED with reason 'abort', got {b.status} {b.finish_reason}")
     assert sched.has_unfinished(), "a is still running"
 
 

@@ -71,6 +71,10 @@ def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
     a = admit(bm, new_seq(0, range(1, 11)))            # 10 tokens: 3 blocks
     assert len(a.block_table) == 3, f"10 tokens in blocks of 4 need 3 blocks, got {a.block_table}"
     assert a.num_cached == 0, "nothing is cached in a fresh pool"
+    assert all(bm.blocks[blk].hash is None for blk in a.block_table), (
+        "a's blocks got hashes at admission: a block is registered (gets its hash) once its "
+        "K/V are computed (computed/append), never at admission, or a request hits blocks "
+        "whose K/V do not exist yet")
     b = admit(bm, new_seq(1, range(50, 58)))           # 8 tokens: exactly 2 blocks
     assert len(b.block_table) == 2, f"8 tokens need 2 blocks of 4, got {b.block_table}"
     assert not set(a.block_table) & set(b.block_table)
@@ -134,7 +138,8 @@ def test_a_shared_prefix_is_cached_once_and_reference_counted():
     b = admit(bm, new_seq(1, system + [30, 31, 32]))
     assert b.block_table[:2] == a.block_table[:2], (
         f"b starts with a's 8 system tokens: it must reuse a's first 2 blocks "
-        f"{a.block_table[:2]}, got {b.block_table}")
+        f"{a.block_table[:2]}, got {b.block_table}; the lookup must compute the chained "
+        "hashes the registration stored (hash_i = chain_hash(hash_(i-1), tokens of block i))")
     assert b.block_table[2] not in a.block_table, "b's own tokens go to a fresh block"
     assert b.num_cached == 8, f"b finds 8 tokens cached, got num_cached {b.num_cached}"
     for blk in a.block_table[:2]:
@@ -221,7 +226,9 @@ def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
     bm = manager(num_blocks=7, block_size=4)           # 6 blocks, free in order 1..6
     prompt = list(range(1, 10))                        # 9 tokens: blocks 1, 2, 3
     a = prefill(bm, admit(bm, new_seq(0, prompt)))
-    assert a.block_table == [1, 2, 3], f"fresh blocks in free-list order, got {a.block_table}"
+    assert a.block_table == [1, 2, 3], (
+        f"fresh blocks in free-list order, got {a.block_table}: LRU, a fresh block is the least "
+        "recently freed, the front of free_blocks (popitem(last=False))")
     bm.free(a)
     assert list(bm.free_blocks) == [4, 5, 6, 3, 2, 1], (
         f"a frees its blocks last one first, at the end of the free list: "
@@ -403,3 +410,22 @@ def test_a_hit_on_a_free_block_counts_against_the_free_pool():
     assert not bm.can_allocate(c), (
         "c hits a's 2 cached blocks, both free, and needs 1 fresh block: 3 blocks out of the "
         "2 free ones. can_allocate counts fresh blocks plus the hits that are free")
+
+
+@pytest.mark.points(2)
+def test_a_hit_must_follow_the_block_matched_before_it(monkeypatch):
+    """With a hash that ignores the prefix, block y after x and block y after w collide: only
+    the parent check (the serial of the block matched before) keeps them apart."""
+    mod = bm_mod()
+    monkeypatch.setattr(mod, "chain_hash", lambda prefix, tokens: hash(tuple(tokens)))
+    bm = manager(num_blocks=16, block_size=4)
+    x, w, y = [1, 2, 3, 4], [9, 9, 9, 9], [5, 6, 7, 8]
+    a = prefill(bm, admit(bm, new_seq(0, x + y + [1])))
+    b = prefill(bm, admit(bm, new_seq(1, w + y + [1])))
+    d = admit(bm, new_seq(2, w + y + [2]))
+    assert d.block_table[:2] == b.block_table[:2], (
+        f"d repeats b's 8 tokens: it must share b's blocks {b.block_table[:2]}, got "
+        f"{d.block_table[:2]} (a's are {a.block_table[:2]}): a block's parent is the serial of "
+        "the block before it, and each block handed out fresh gets a new serial")
+    check_pool(bm, [a, b, d])
+
