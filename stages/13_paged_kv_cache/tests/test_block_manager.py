@@ -405,11 +405,15 @@ def test_a_hit_on_a_free_block_counts_against_the_free_pool():
     prompt = list(range(1, 9))
     a = prefill(bm, admit(bm, new_seq(0, prompt)))     # 9 tokens: 2 full blocks + 1
     bm.free(a)                                          # 4 free, 2 of them cached
-    admit(bm, new_seq(1, range(50, 58)))               # takes the 2 uncached ones
+    b = admit(bm, new_seq(1, range(50, 58)))           # takes the 2 uncached ones
     c = new_seq(2, prompt + [100])
     assert not bm.can_allocate(c), (
         "c hits a's 2 cached blocks, both free, and needs 1 fresh block: 3 blocks out of the "
         "2 free ones. can_allocate counts fresh blocks plus the hits that are free")
+    bm.free(b)
+    assert bm.can_allocate(c), (
+        "b gave its 2 blocks back: c's 2 free hits and 1 fresh block fit the 4 free blocks "
+        "(each free hit counts once)")
 
 
 @pytest.mark.points(2)
@@ -429,3 +433,25 @@ def test_a_hit_must_follow_the_block_matched_before_it(monkeypatch):
         "the block before it, and each block handed out fresh gets a new serial")
     check_pool(bm, [a, b, d])
 
+
+
+@pytest.mark.points(2)
+def test_a_duplicate_prefix_computed_in_chunks_chains_to_the_registered_copy():
+    """a and b arrive together with the same 2-block prefix; a is prefilled at once, b in
+    chunks of one block. b's copies are duplicates: its second chunk must chain to a's
+    registered first block, so a third request still finds both blocks."""
+    bm = manager(num_blocks=20, block_size=4)
+    prefix = list(range(1, 9))
+    a = admit(bm, new_seq(0, prefix + [50]))
+    b = admit(bm, new_seq(1, prefix + [60]))
+    prefill(bm, a)
+    for _ in range(2):                                  # b: a block a step, then computed()
+        b.num_scheduled = 4
+        b.complete_step(0)
+        bm.computed(b)
+    c = admit(bm, new_seq(2, prefix + [70]))
+    assert c.num_cached == 8 and c.block_table[:2] == a.block_table[:2], (
+        f"c should find a's 2 prefix blocks {a.block_table[:2]}; got num_cached {c.num_cached}, "
+        f"blocks {c.block_table[:2]}: when registration resumes after a duplicate block, the "
+        "parent is the block registered under the last hash (hash_to_block), not the duplicate")
+    check_pool(bm, [a, b, c])
