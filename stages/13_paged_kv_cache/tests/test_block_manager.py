@@ -242,7 +242,8 @@ def test_freed_blocks_stay_cached_until_evicted_least_recently_used_first():
     assert bm.stats.evictions == 0
     assert list(bm.free_blocks) == [5, 6, 3, 4, 2, 1], (
         "the second run took 1, 2 (hits) and 4 (fresh), and gave them back 4, 2, 1: "
-        f"free list [5, 6, 3, 4, 2, 1], got {list(bm.free_blocks)}")
+        f"free list [5, 6, 3, 4, 2, 1], got {list(bm.free_blocks)}; a hit on a free block takes "
+        "it out of the free list, or it is handed out again as fresh while a sequence reads it")
     c = admit(bm, new_seq(2, range(50, 62)))           # 3 blocks: the least recently used
     assert c.block_table == [5, 6, 3], f"LRU: blocks 5, 6, 3 first, got {c.block_table}"
     d = admit(bm, new_seq(3, range(70, 78)))           # 2 more: 4 (no hash), then 2 (evicted)
