@@ -108,11 +108,11 @@ class _Before:
 def check_plan(sched, before: _Before, batch: list, where: str) -> None:
     """The requirements on one step the scheduler planned (batch: what schedule() returned),
     whatever way it was written: every sequence in the step runs at least one of its uncached
-    tokens and no more; the step holds at most max_num_batched_tokens tokens and
-    max_num_seqs sequences; it is all prefill (unfinished prompts first, then admissions in
-    arrival order) or all decode (every running sequence, one token); a preempted sequence
-    is the newest running one, goes back ahead of the waiting requests with its tokens kept
-    and its cache freed; no request is lost."""
+    tokens and no more; a prefill step holds at most max_num_batched_tokens tokens; at most
+    max_num_seqs sequences run; a step is all prefill (unfinished prompts first, then
+    admissions in arrival order) or all decode (every running sequence, one token); a
+    preempted sequence is the newest running one, goes back ahead of the waiting requests
+    with its tokens kept and its cache freed; no request is lost."""
     c = sched.config
     ids = [q.seq_id for q in batch]
     assert len(set(ids)) == len(ids), f"{where}: a sequence is scheduled twice: {ids}"
@@ -140,7 +140,9 @@ def check_plan(sched, before: _Before, batch: list, where: str) -> None:
             f"{where}: sequence {q.seq_id} schedules {n} tokens but only "
             f"{q.num_tokens - q.num_cached} are uncached: a step runs uncached tokens only")
     sizes = {q.seq_id: q.num_scheduled for q in batch}
-    assert sum(sizes.values()) <= c.max_num_batched_tokens, (
+    # a decode step runs every running sequence, one token each, budget or not (as nano-vllm)
+    prefill = any(before.uncached[i] > 1 or q in admitted for i, q in zip(ids, batch))
+    assert not prefill or sum(sizes.values()) <= c.max_num_batched_tokens, (
         f"{where}: the step schedules {sum(sizes.values())} tokens ({sizes}), more than "
         f"max_num_batched_tokens {c.max_num_batched_tokens}: every scheduled token counts "
         "against the step's budget, and a chunk takes at most what is left of it")
