@@ -15,6 +15,7 @@ import torch
 
 from course import parts
 from course.build import ToolchainMissing
+from course.testing import gemv_mistakes
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -289,6 +290,13 @@ def test_flash_attention_kernel_in_the_emulator(emu_flash, lens_q, lens_k, n_hea
     torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
 
 
+GEMV_SIMPLE_SHIM = CALL + """
+extern "C" const char* emu_gemv_simple(const void* x, const void* w, void* y, int f32,
+                                       int64_t tokens, int64_t in_features, int64_t out_features) {
+  EMU_CALL(launch_gemv_simple(x, w, y, f32 != 0, tokens, in_features, out_features, nullptr));
+}
+"""
+
 GEMV_SHIM = CALL + """
 extern "C" const char* emu_gemv(const void* x, const void* w, void* y, int f32, int64_t tokens,
                                 int64_t in_features, int64_t out_features) {
@@ -331,6 +339,36 @@ extern "C" const char* emu_gemv_tma_norm(const void* x, const void* add, void* s
 
 
 @pytest.fixture(scope="module")
+def emu_gemv_simple():
+    return _shim_function("06", "gemv_simple.cu", GEMV_SIMPLE_SHIM, "emu_gemv_simple",
+                          [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 3)
+
+
+# (in, out, tokens, float32 out): part 1, a warp per output: rows of a whole number of 32-piece
+# sweeps (2048) and with a partial last sweep (576, 72: fewer pieces than lanes), outputs that
+# do not fill the last block of 8 warps (45, 13), every token count's sums, float32 logits.
+@pytest.mark.parametrize("in_features,out_features,tokens,f32", [
+    (2048, 45, 1, False), (576, 40, 3, False), (72, 13, 8, False), (2056, 17, 2, True)])
+def test_gemv_simple_kernel_in_the_emulator(emu_gemv_simple, in_features, out_features, tokens,
+                                            f32):
+    x, w, y = _gemv_operands(in_features, out_features, tokens, f32)
+    _ok(emu_gemv_simple(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), tokens,
+                        in_features, out_features))
+    gemv_mistakes.assert_gemv(y, x, w, what="gemv_simple in the emulator", warps_per_block=8)
+
+
+def _gemv_operands(in_features: int, out_features: int, tokens: int, f32: bool):
+    """x [tokens, in], w [out, in] (scaled by 1/sqrt(in): O(1) outputs) bf16 and y filled
+    with NaN (an output never written stays NaN), float32 or bf16."""
+    g = torch.Generator().manual_seed(in_features + out_features + tokens)
+    x = torch.randn(tokens, in_features, generator=g).bfloat16()
+    w = (torch.randn(out_features, in_features, generator=g) * in_features ** -0.5).bfloat16()
+    y = torch.full((tokens, out_features), float("nan"),
+                   dtype=torch.float32 if f32 else torch.bfloat16)
+    return x, w, y
+
+
+@pytest.fixture(scope="module")
 def emu_gemv():
     return _shim_function("06", "gemv.cu", GEMV_SHIM, "emu_gemv",
                           [ctypes.c_void_p] * 3 + [ctypes.c_int] + [ctypes.c_int64] * 3)
@@ -347,16 +385,11 @@ def emu_gemv():
     (16384, 9, 4, True), (4104, 37, 3, False), (576, 150, 8, False), (72, 13, 5, False),
     (2048, 200, 1, True)])
 def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens, f32):
-    g = torch.Generator().manual_seed(in_features + out_features + tokens)
-    x = torch.randn(tokens, in_features, generator=g).bfloat16()
-    w = (torch.randn(out_features, in_features, generator=g) * in_features ** -0.5).bfloat16()
-    y = torch.full((tokens, out_features), 7.0, dtype=torch.float32 if f32 else torch.bfloat16)
+    x, w, y = _gemv_operands(in_features, out_features, tokens, f32)
     error = emu_gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), tokens, in_features,
                      out_features)
     _ok(error)
-    expected = x.float() @ w.float().t()
-    tol = 1e-4 if f32 else 1.6e-2
-    torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
+    gemv_mistakes.assert_gemv(y, x, w, what="gemv (fast) in the emulator")
 
 
 # (in, inter, tokens): rows of 2 units (2048: groups of 4, two warps per row), 1 (576: groups

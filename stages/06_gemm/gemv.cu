@@ -49,12 +49,12 @@
 
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
+#include "gemv.cuh"
 #include "host_rows.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
-constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pays for tiles
 constexpr int kThreads = 128;      // 4 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kPieces = 4;            // 16-byte pieces per lane per unit
@@ -74,10 +74,6 @@ constexpr int kMinBlocks = 8;
 
 template <int kTokens>
 constexpr size_t smem_bytes() { return kRingBytes + 2 * kWarps * kTokens * sizeof(float); }
-
-using BF8 = Pack<__nv_bfloat16, 8>;
-
-__device__ __forceinline__ BF8 as_bf8(const uint4& raw) { return reinterpret_cast<const BF8&>(raw); }
 
 // acc[t] += dot(w's 8 values, token t's 8 values of x at the same columns), t < tokens.
 // x_piece: that piece of token 0's x; token t's is `pieces` (in / 8) pieces further.
@@ -576,8 +572,16 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
-  // TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks, kThreads each, smem bytes of dynamic shared memory, through launch_early (pdl.cuh: the PDL attribute where the kernel has the wait) (about 8 lines)
-  return "TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks, kThreads each, smem bytes of dynamic shared memory, through launch_early (pdl.cuh: the PDL attribute where the kernel has the wait) (about 8 lines)";
+  // TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)
+  return "TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)";
+  // Given: on Hopper one token goes to the bulk-copy kernel below; the launch itself may start
+  // early (programmatic dependent launch, pdl.cuh), which is why the kernel waits before x.
+  if (kTokens == 1 && tma_fits<OutT>(in_features, out_features))
+    return launch_tma(x, weight, y, in_features, out_features, pair, stream);
+  const cudaError_t err = launch_early(gemv_kernel<kTokens, OutT>, dim3(blocks), dim3(kThreads),
+                                       smem, stream, x, weight, y, tokens, in_features,
+                                       out_features, pair);
+  return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
 }
 
 template <typename OutT>
@@ -593,22 +597,13 @@ tvllm_status launch_tokens(const __nv_bfloat16* x, const __nv_bfloat16* weight, 
 
 }  // namespace
 
-// Whether launch_gemv takes this product (else cuBLAS does): bf16, 1-8 tokens, rows of a
-// whole number of 16-byte pieces, 16-byte aligned.
-bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_features,
-               const void* x, const void* weight) {
-  return bf16 && tokens >= 1 && tokens <= kGemvMaxTokens && in_features % 8 == 0 &&
-         in_features < (int64_t{1} << 30) && out_features < (int64_t{1} << 30) &&
-         tvllm_aligned(x, 16) && tvllm_aligned(weight, 16);
-}
-
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] bf16 (y_f32 false) or float32;
 // gemv_fits must hold. Programmatic dependent launch where the kernel was built for it and
 // TINYVLLM_PDL is not "0" (pdl.cuh's may_launch_early).
 tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
                          int64_t in_features, int64_t out_features, cudaStream_t stream) {
-  if (!gemv_fits(true, tokens, in_features, out_features, x, weight))
-    return "gemv: needs 1-8 tokens, in_features a multiple of 8 and 16-byte aligned x and weight";
+  if (!gemv_fits(true, tokens, in_features, out_features, x, weight)) return kGemvRefusal;
+  if (out_features == 0) return TVLLM_OK;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
