@@ -15,7 +15,7 @@ import torch
 
 from course import parts
 from course.build import ToolchainMissing
-from course.testing import gemv_mistakes
+from course.testing import attention_mistakes, gemv_mistakes
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -52,6 +52,16 @@ extern "C" const char* emu_flash(const void* q, const void* k, const void* v, vo
                                  float scale) {
   EMU_CALL(launch_flash_attention(q, k, v, out, cq, ck, n_seqs, max_seqlen, qs, ks, vs, n_heads,
                                   n_kv, d, scale, nullptr));
+}
+"""
+
+FLASH_SIMPLE_SHIM = CALL + """
+extern "C" const char* emu_flash_simple(const void* q, const void* k, const void* v, void* out,
+                                        const int32_t* cq, const int32_t* ck, int n_seqs,
+                                        int max_seqlen, int64_t qs, int64_t ks, int64_t vs,
+                                        int n_heads, int n_kv, int d, float scale) {
+  EMU_CALL(launch_flash_attention_simple(q, k, v, out, cq, ck, n_seqs, max_seqlen, qs, ks, vs,
+                                         n_heads, n_kv, d, scale, nullptr));
 }
 """
 
@@ -268,8 +278,41 @@ def test_partition_rule_in_the_emulator(emu_partition_keys):
 @pytest.fixture(scope="module")
 def emu_flash():
     return _shim_function("12", "flash_attention.cu", FLASH_SHIM,
-                          "emu_flash", [ctypes.c_void_p] * 6 + [ctypes.c_int] * 2
-                          + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3 + [ctypes.c_float])
+                          "emu_flash", FLASH_ARGTYPES)
+
+
+@pytest.fixture(scope="module")
+def emu_flash_simple():
+    return _shim_function("12", "flash_attention_simple.cu", FLASH_SIMPLE_SHIM,
+                          "emu_flash_simple", FLASH_ARGTYPES)
+
+
+FLASH_ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int] * 2 + [ctypes.c_int64] * 3
+                  + [ctypes.c_int] * 3 + [ctypes.c_float])
+
+
+def _run_flash(launcher, lens_q, lens_k, n_heads, n_kv, d, *, what: str, tile_rows: int):
+    """One packed batch through an emulated stage-12 kernel, checked against the float32
+    reference with the known mistakes' patterns (course/testing/attention_mistakes.py)."""
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + len(lens_q))
+    out = torch.full_like(q, float("nan"))
+    _ok(launcher(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_q.data_ptr(),
+                 cu_k.data_ptr(), len(lens_q), max(lens_q), n_heads * d, n_kv * d, n_kv * d,
+                 n_heads, n_kv, d, d ** -0.5))
+    attention_mistakes.assert_attention(out, q, k, v, lens_q, lens_k, d ** -0.5, what=what,
+                                        tile_rows=tile_rows)
+
+
+# (query lengths, key lengths, heads, KV heads, head_dim): packed sequences with partial query
+# and key tiles, more keys than queries (a cached prefix), grouped-query heads, head_dim 128,
+# and a sequence of several query tiles (130 rows: 9 blocks of 16, more than 2 key tiles).
+@pytest.mark.parametrize("lens_q,lens_k,n_heads,n_kv,d", [
+    ([5, 37], [5, 37], 4, 2, 64), ([3, 20], [70, 20], 2, 1, 128), ([130], [130], 2, 2, 64)],
+    ids=["packed", "more-keys-than-queries", "many-tiles"])
+def test_flash_attention_simple_kernel_in_the_emulator(emu_flash_simple, lens_q, lens_k, n_heads,
+                                                       n_kv, d):
+    _run_flash(emu_flash_simple, lens_q, lens_k, n_heads, n_kv, d,
+               what="flash_attention_simple in the emulator", tile_rows=16)
 
 
 @pytest.mark.parametrize("lens_q,lens_k,n_heads,n_kv,d", [
@@ -279,15 +322,8 @@ def emu_flash():
 def test_flash_attention_kernel_in_the_emulator(emu_flash, lens_q, lens_k, n_heads, n_kv, d):
     """Sequences of at most 1024 queries run in 64-row tiles, longer ones in 128-row tiles
     (the last case)."""
-    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, n_heads, n_kv, d, seed=d + len(lens_q))
-    out = torch.zeros_like(q)
-    error = emu_flash(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), cu_q.data_ptr(),
-                      cu_k.data_ptr(), len(lens_q), max(lens_q), n_heads * d, n_kv * d, n_kv * d,
-                      n_heads, n_kv, d, d ** -0.5)
-    _ok(error)
-    native = parts.reference("12", "flash_attention").flash_attention_native
-    expected = native(q, k, v, cu_q, d ** -0.5, cu_seqlens_k=cu_k)
-    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _run_flash(emu_flash, lens_q, lens_k, n_heads, n_kv, d, what="flash_attention in the emulator",
+               tile_rows=64 if max(lens_q) <= 1024 else 128)
 
 
 GEMV_SIMPLE_SHIM = CALL + """

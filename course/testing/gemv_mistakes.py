@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from course.testing import diagnose
+from course.testing import checks, diagnose
 
 LANES = 32
 PIECE = 8  # bf16 per 16-byte piece
+
+
+def operands(gen: torch.Generator, tokens: int, in_features: int, out_features: int,
+             dtype: torch.dtype = torch.bfloat16, device: str = "cuda"):
+    """x [tokens, in] and w [out, in] with standard deviation 1/sqrt(in), as a trained
+    Linear's weights: every output is O(1), so the bf16 tolerance applies whatever in is."""
+    x = checks.randn((tokens, in_features), dtype, device, gen)
+    w = checks.randn((out_features, in_features), dtype, device, gen, scale=in_features ** -0.5)
+    return x, w
 
 
 def _product(x: torch.Tensor, w: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:

@@ -572,6 +572,7 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
+  unsigned blocks = 0;  // the grid
   // TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)
   return "TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)";
   // Given: on Hopper one token goes to the bulk-copy kernel below; the launch itself may start
