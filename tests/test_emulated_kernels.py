@@ -305,9 +305,10 @@ def _run_flash(launcher, lens_q, lens_k, n_heads, n_kv, d, *, what: str, tile_ro
 
 # (query lengths, key lengths, heads, KV heads, head_dim): packed sequences with partial query
 # and key tiles, more keys than queries (a cached prefix), grouped-query heads, head_dim 128,
-# and a sequence of several query tiles (130 rows: 9 blocks of 16, more than 2 key tiles).
+# a block whose rows' keys end in the next key tile than its first row's (24 queries after 56
+# cached keys), and a sequence of several query tiles (130 rows: 9 blocks of 16, 3 key tiles).
 @pytest.mark.parametrize("lens_q,lens_k,n_heads,n_kv,d", [
-    ([5, 37], [5, 37], 4, 2, 64), ([3, 20], [70, 20], 2, 1, 128), ([130], [130], 2, 2, 64)],
+    ([5, 37], [5, 37], 4, 2, 64), ([3, 24], [70, 80], 2, 1, 128), ([130], [130], 2, 2, 64)],
     ids=["packed", "more-keys-than-queries", "many-tiles"])
 def test_flash_attention_simple_kernel_in_the_emulator(emu_flash_simple, lens_q, lens_k, n_heads,
                                                        n_kv, d):

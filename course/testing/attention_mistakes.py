@@ -19,6 +19,9 @@ import torch
 from course.testing import diagnose
 
 BLOCK_KEYS = 64  # the kernels' key tile
+# A mask one key off also differs from its plain computation at the rows whose extra key
+# lies in a tile the kernel never loads: a few rows of a long sequence.
+EDGE_ROWS = 0.05
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_q: list[int],
@@ -67,10 +70,11 @@ def variants(q, k, v, lens_q, lens_k, scale) -> list[diagnose.Variant]:
     n_heads, n_kv = q.shape[1], k.shape[1]
     found = [
         diagnose.Variant(run(diagonal=1), "the causal mask is one key off: each row sees one "
-                         "key too many (a query at position p sees keys 0 .. p: kpos <= qpos)"),
+                         "key too many (a query at position p sees keys 0 .. p: kpos <= qpos)",
+                         slack=EDGE_ROWS),
         diagnose.Variant(run(diagonal=-1), "the causal mask is one key off: each row sees one "
                          "key too few, not its own (a query at position p sees keys 0 .. p: "
-                         "kpos <= qpos, not <)"),
+                         "kpos <= qpos, not <)", slack=EDGE_ROWS),
         diagnose.Variant(run(diagonal=math.inf), "no causal mask: every row sees every key of "
                          "its sequence, its future too"),
         diagnose.Variant(run(rescale="none"), "the running state is not rescaled: when a tile "
@@ -138,6 +142,7 @@ def assert_attention(out: torch.Tensor, q, k, v, lens_q: list[int], lens_k: list
         out.cpu(), expected, what=what, row_names=("token", "head"), hint=hint,
         shape=diagnose.shape(batch=len(lens_q), query_lengths=lens_q, key_lengths=lens_k,
                              heads=f"{n_heads}/{n_kv}", head_dim=d, rows_per_block=tile_rows),
-        variants=[diagnose.Variant(None if v_.output is None else v_.output.to(out.dtype), v_.cause)
-                  for v_ in variants(q, k, v, lens_q, lens_k, scale)],
+        variants=[diagnose.Variant(None if m.output is None else m.output.to(out.dtype), m.cause,
+                                   m.slack)
+                  for m in variants(q, k, v, lens_q, lens_k, scale)],
         suspects=suspects(lens_q, n_heads, tile_rows))
