@@ -391,7 +391,8 @@ def test_gemv_simple_kernel_in_the_emulator(emu_gemv_simple, in_features, out_fe
     x, w, y = _gemv_operands(in_features, out_features, tokens, f32)
     _ok(emu_gemv_simple(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), tokens,
                         in_features, out_features))
-    gemv_mistakes.assert_gemv(y, x, w, what="gemv_simple in the emulator", warps_per_block=8)
+    gemv_mistakes.assert_gemv(y, x, w, what="gemv_simple in the emulator", warps_per_block=8,
+                              hint=gemv_mistakes.SIMPLE_HINT)
 
 
 def _gemv_operands(in_features: int, out_features: int, tokens: int, f32: bool):
@@ -426,7 +427,8 @@ def test_gemv_kernel_in_the_emulator(emu_gemv, in_features, out_features, tokens
     error = emu_gemv(x.data_ptr(), w.data_ptr(), y.data_ptr(), int(f32), tokens, in_features,
                      out_features)
     _ok(error)
-    gemv_mistakes.assert_gemv(y, x, w, what="gemv (fast) in the emulator")
+    gemv_mistakes.assert_gemv(y, x, w, what="gemv (fast) in the emulator",
+                              unit=gemv_mistakes.FAST_UNIT, hint=gemv_mistakes.FAST_HINT)
 
 
 # (in, inter, tokens): rows of 2 units (2048: groups of 4, two warps per row), 1 (576: groups

@@ -16,6 +16,19 @@ from course.testing import checks, diagnose
 
 LANES = 32
 PIECE = 8  # bf16 per 16-byte piece
+FAST_UNIT = 1024  # gemv.cu's columns per unit (kUnit pieces)
+
+SIMPLE_HINT = (
+    "warp w of the grid owns output w; lane l reads the row's 16-byte pieces l, l + 32, ... "
+    "(in / 8 of them) and the same pieces of each token's x; float32 sums, one per token; "
+    "a butterfly of __shfl_xor_sync (16, 8, 4, 2, 1); lane 0 writes y[t * out + w]")
+FAST_HINT = (
+    "a warp's units i = 0, 1, ... run through its rows gw, gw + W, ...; unit i sits in slot "
+    "i % kStages once copies_wait<kStages - 1>() returns after fetching unit i + kStages - 1; "
+    "lane l's pieces are slot[p * 32 + l] (columns u.first + p * 32 + l, none past in / 8), each "
+    "times the same pieces of every token's x (x + t * in / 8 pieces); at a row's last unit a "
+    "butterfly sum, lane 0 writes y[t * out + row], and acc goes back to 0. Did you skip a "
+    "partly empty unit, keep a row's sums for the next row, or mix two tokens' sums?")
 
 
 def operands(gen: torch.Generator, tokens: int, in_features: int, out_features: int,
@@ -35,8 +48,11 @@ def _product(x: torch.Tensor, w: torch.Tensor, columns: torch.Tensor | None = No
     return xf @ wf.t()
 
 
-def variants(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> list[diagnose.Variant]:
-    """What the usual mistakes write, each as [out, tokens] like the checked view."""
+def variants(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype,
+             unit: int | None = None) -> list[diagnose.Variant]:
+    """What the usual mistakes write, each as [out, tokens] like the checked view. unit: the
+    columns of the fast GEMV's unit (its tail mistake drops a partly empty unit), or None
+    (the simple GEMV's drops a partial sweep of 32 pieces)."""
     tokens, in_features = x.shape
     piece = torch.arange(in_features) // PIECE
     found = []
@@ -44,17 +60,19 @@ def variants(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> list[d
     def add(y: torch.Tensor | None, cause: str) -> None:
         found.append(diagnose.Variant(None if y is None else y.to(out_dtype).t(), cause))
 
-    full = (in_features // PIECE) // LANES * LANES
-    if full * PIECE < in_features:
-        add(_product(x, w, piece < full),
-            f"the row's last {in_features - full * PIECE} columns are missing: the loop over a "
-            f"row's 16-byte pieces stopped at a multiple of 32 pieces (in / 256 steps); lane l "
-            f"takes pieces l, l + 32, ... while the piece < in / 8")
-    unit = 1024
-    if in_features > unit and in_features % unit:
-        add(_product(x, w, torch.arange(in_features) < in_features // unit * unit),
-            "the row's last, partly empty unit of 1024 columns is missing: a row of in columns "
-            "has ceil(in / 1024) units, the last one cut at in / 8 pieces")
+    if unit is None:
+        full = (in_features // PIECE) // LANES * LANES
+        if full * PIECE < in_features:
+            add(_product(x, w, piece < full),
+                f"the row's last {in_features - full * PIECE} columns are missing: the loop over "
+                f"a row's 16-byte pieces stopped at a multiple of 32 pieces (in / 256 steps); "
+                f"lane l takes pieces l, l + 32, ... while the piece < in / 8")
+    elif in_features % unit:
+        kept = in_features // unit * unit
+        add(_product(x, w, torch.arange(in_features) < kept),
+            f"the row's last, partly empty unit of {unit} columns is missing (its "
+            f"{in_features - kept} columns): a row of in columns has ceil(in / {unit}) units, "
+            f"the last one cut at in / 8 pieces")
     add(_product(x, w, piece % LANES < 16),
         "each output holds the sum of lanes 0-15 only: the butterfly must start at offset 16 "
         "(16, 8, 4, 2, 1) so that lane 0 ends with all 32 lanes' sums")
@@ -92,10 +110,12 @@ def suspects(tokens: int, out_features: int, warps_per_block: int | None) -> lis
 
 
 def assert_gemv(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, what: str,
-                warps_per_block: int | None = None, hint: str = "") -> None:
+                warps_per_block: int | None = None, unit: int | None = None,
+                hint: str = "") -> None:
     """y: [tokens, out] from a GEMV of x: [tokens, in] and w: [out, in] (bf16) against the
     float32 product, rounded to y's dtype; a failure names the shape, the wrong outputs and
-    tokens, and the mistake their pattern points to (else `hint`)."""
+    tokens, and the mistake their pattern points to (else `hint`). warps_per_block: the
+    simple GEMV's (a grid rounded down); unit: the fast GEMV's columns per unit."""
     tokens, in_features = x.shape
     out_features = w.shape[0]
     expected = _product(x, w).to(y.dtype)
@@ -103,4 +123,4 @@ def assert_gemv(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, what: str,
         y.cpu().t(), expected.t(), what=what, row_names=("output", "token"), hint=hint,
         shape=diagnose.shape(tokens=tokens, weight=f"{out_features} x {in_features}",
                              out=str(y.dtype).removeprefix("torch.")),
-        variants=variants(x, w, y.dtype), suspects=suspects(tokens, out_features, warps_per_block))
+        variants=variants(x, w, y.dtype, unit), suspects=suspects(tokens, out_features, warps_per_block))

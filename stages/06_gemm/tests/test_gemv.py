@@ -17,13 +17,7 @@ import torch.nn.functional as F
 from course import build, parts
 from course.testing import checks, gemv_mistakes
 
-GEMV_HINT = (
-    "a warp's units i = 0, 1, ... run through its rows gw, gw + W, ...; unit i sits in slot "
-    "i % kStages once copies_wait<kStages - 1>() returns after fetching unit i + kStages - 1; "
-    "lane l's pieces are slot[p * 32 + l] (columns u.first + p * 32 + l, none past in / 8), each "
-    "times the same pieces of every token's x (x + t * in / 8 pieces); at a row's last unit a "
-    "butterfly sum, lane 0 writes y[t * out + row], and acc goes back to 0. Did you skip a "
-    "partly empty unit, keep a row's sums for the next row, or mix two tokens' sums?")
+GEMV_HINT = gemv_mistakes.FAST_HINT
 
 # (in, out): Llama-3.2-1B's decode projections (qkv, o, gate_up, down), SmolLM2's, and sizes
 # whose rows end in a partly empty unit (in / 8 not a multiple of 256 pieces), whose warps own
@@ -47,7 +41,8 @@ def test_gemv_bf16(seed, tokens, in_features, out_features):
     got = linear_op().linear(x, w, out=out, gemv="fast")
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr(), "linear(..., out=buf) must fill buf and return it"
-    gemv_mistakes.assert_gemv(got, x, w, what="gemv (fast)", hint=GEMV_HINT)
+    gemv_mistakes.assert_gemv(got, x, w, what="gemv (fast)", unit=gemv_mistakes.FAST_UNIT,
+                              hint=GEMV_HINT)
     checks.assert_close(got, parts.reference("06", "linear").linear_native(x, w),
                         what="gemv (fast) vs linear_native", dtype=torch.bfloat16, hint=GEMV_HINT)
     checks.assert_unmodified(x0, x, "x")

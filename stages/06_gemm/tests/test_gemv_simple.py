@@ -16,9 +16,7 @@ import torch.nn.functional as F
 from course import parts
 from course.testing import checks, gemv_mistakes
 
-HINT = ("warp w of the grid owns output w; lane l reads the row's 16-byte pieces l, l + 32, ... "
-        "(in / 8 of them) and the same pieces of each token's x; float32 sums, one per token; "
-        "a butterfly of __shfl_xor_sync (16, 8, 4, 2, 1); lane 0 writes y[t * out + w]")
+HINT = gemv_mistakes.SIMPLE_HINT
 OUR_GEMVS = ("gemv_simple_kernel", "gemv_kernel")   # not cuBLAS's own gemv kernels
 WARPS_PER_BLOCK = 8   # gemv_simple.cu's kSimpleThreads / 32: the "grid rounded down" pattern
 
