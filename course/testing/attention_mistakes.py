@@ -26,11 +26,12 @@ EDGE_ROWS = 0.05
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_q: list[int],
               lens_k: list[int], scale: float, *, diagonal: float = 0.0, aligned_end: bool = True,
-              kv_of_head=None, rescale: str = "both") -> torch.Tensor:
+              kv_of_head=None, rescale: str = "both", unmasked_rows: int = 0) -> torch.Tensor:
     """Causal attention of packed sequences in float32 (CPU), with a mistake's knobs:
     diagonal (a query sees keys up to its position + diagonal; inf: no mask), aligned_end
     (False: query i at key position i), kv_of_head (h -> its KV head), rescale ("both", or
-    which of "l", "o", "none" the online softmax rescales, over 64-key tiles).
+    which of "l", "o", "none" the online softmax rescales, over 64-key tiles), unmasked_rows
+    (> 0: no mask, but a block of that many rows loads only the key tiles its last row needs).
     Returns [Tq, n_heads, head_dim] float32."""
     q, k, v = (t.detach().float().cpu() for t in (q, k, v))
     n_heads, n_kv = q.shape[1], k.shape[1]
@@ -44,6 +45,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_q: list[in
         vs = v[sk:sk + lk][:, heads].transpose(0, 1)
         qpos = torch.arange(lq) + (lk - lq if aligned_end else 0)
         hidden = torch.arange(lk)[None, :] > qpos[:, None] + diagonal
+        if unmasked_rows:
+            last = (torch.arange(lq) // unmasked_rows + 1) * unmasked_rows - 1 + (lk - lq)
+            tiles_end = (last.clamp(max=lk - 1) // BLOCK_KEYS + 1) * BLOCK_KEYS
+            hidden = torch.arange(lk)[None, :] >= tiles_end[:, None]
         m = torch.full((n_heads, lq, 1), -math.inf)
         l = torch.zeros(n_heads, lq, 1)
         o = torch.zeros(qs.shape)
@@ -62,8 +67,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_q: list[in
     return out
 
 
-def variants(q, k, v, lens_q, lens_k, scale) -> list[diagnose.Variant]:
-    """What the usual mistakes write (float32, [Tq, n_heads, head_dim])."""
+def variants(q, k, v, lens_q, lens_k, scale, tile_rows: int) -> list[diagnose.Variant]:
+    """What the usual mistakes write (float32, [Tq, n_heads, head_dim]); tile_rows: the
+    query rows of the kernel's block."""
     def run(**mistake) -> torch.Tensor:
         return attention(q, k, v, lens_q, lens_k, scale, **mistake)
 
@@ -77,6 +83,8 @@ def variants(q, k, v, lens_q, lens_k, scale) -> list[diagnose.Variant]:
                          "kpos <= qpos, not <)", slack=EDGE_ROWS),
         diagnose.Variant(run(diagonal=math.inf), "no causal mask: every row sees every key of "
                          "its sequence, its future too"),
+        diagnose.Variant(run(unmasked_rows=tile_rows), "no causal mask: every row sees every "
+                         "key of the tiles its block loads, its future too"),
         diagnose.Variant(run(rescale="none"), "the running state is not rescaled: when a tile "
                          "raises the max m, l and o must be multiplied by exp(m_old - m_new)"),
         diagnose.Variant(run(rescale="l"), "o is not rescaled: when a tile raises the max m, o "
@@ -98,12 +106,17 @@ def variants(q, k, v, lens_q, lens_k, scale) -> list[diagnose.Variant]:
     return found
 
 
-def suspects(lens_q: list[int], n_heads: int, tile_rows: int) -> list[diagnose.Suspect]:
+def suspects(lens_q: list[int], lens_k: list[int], n_heads: int,
+             tile_rows: int) -> list[diagnose.Suspect]:
     """(token, head) row sets a known mistake spoils, and no others."""
-    later_tiles, last_partial, later_seqs = (torch.zeros(sum(lens_q), n_heads, dtype=torch.bool)
-                                             for _ in range(3))
+    later_tiles, last_partial, later_seqs, past_first = (
+        torch.zeros(sum(lens_q), n_heads, dtype=torch.bool) for _ in range(4))
     start = 0
-    for i, n in enumerate(lens_q):
+    for i, (n, n_k) in enumerate(zip(lens_q, lens_k)):
+        # rows whose last key lies in a later key tile than their block's first row's
+        pos = torch.arange(n) + (n_k - n)
+        first = pos - torch.arange(n) % tile_rows
+        past_first[start:start + n] = (pos // BLOCK_KEYS > first // BLOCK_KEYS)[:, None]
         later_tiles[start + tile_rows:start + n] = True
         if n % tile_rows and n > tile_rows:
             last_partial[start + n // tile_rows * tile_rows:start + n] = True
@@ -111,6 +124,12 @@ def suspects(lens_q: list[int], n_heads: int, tile_rows: int) -> list[diagnose.S
             later_seqs[start:start + n] = True
         start += n
     found = []
+    if past_first.any():
+        found.append(diagnose.Suspect(
+            past_first, "the rows whose keys reach into a later key tile than their block's "
+                        "first row's",
+            "a block needs the key tiles up to its LAST row's position (first row + rows - 1 "
+            "+ len_k - len_q), not its first row's"))
     if later_tiles.any():
         found.append(diagnose.Suspect(
             later_tiles, f"rows past each sequence's first tile of {tile_rows} queries",
@@ -144,5 +163,5 @@ def assert_attention(out: torch.Tensor, q, k, v, lens_q: list[int], lens_k: list
                              heads=f"{n_heads}/{n_kv}", head_dim=d, rows_per_block=tile_rows),
         variants=[diagnose.Variant(None if m.output is None else m.output.to(out.dtype), m.cause,
                                    m.slack)
-                  for m in variants(q, k, v, lens_q, lens_k, scale)],
-        suspects=suspects(lens_q, n_heads, tile_rows))
+                  for m in variants(q, k, v, lens_q, lens_k, scale, tile_rows)],
+        suspects=suspects(lens_q, lens_k, n_heads, tile_rows))
