@@ -202,8 +202,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // gemv_kernel needs ~32 warps on every SM to keep its copies in flight: each 16 bytes is one
 // cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 32 KB at once, so
 // two blocks of 8 warps per SM stream faster, each block reading one contiguous stretch of
-// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200, eleventh session:
-// docs/gpu-runs.md).
+// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200: docs/gpu-runs.md).
 //
 //     block b of the grid owns the outputs [b * out / grid, (b + 1) * out / grid): its weight
 //     rows are one contiguous stretch of memory (paired: the gate rows' stretch and the up
@@ -226,14 +225,14 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // x and `add`, each block computing the row's sum of squares itself while its first weight
 // stages are in flight, and the blocks together writing x + add (the new residual stream) to
 // `sum`. That is one kernel fewer per projection that follows a norm: 32 of a Llama-3.2-1B
-// decode step (the H200, fourteenth session: a batch-1 token took 0.941 ms with the RMSNorm
+// decode step (the H200: a batch-1 token took 0.941 ms with the RMSNorm
 // kernels, 0.873 ms with them left out, wrong but timed).
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
 constexpr int kTmaStages = 2;                             // ring slots of 32 KB
 constexpr int kTmaStagePieces = 2048;                     // 32 KB
 constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 256 pieces: a warp's share of a stage
-// Measured on the H200 (fifteenth session, batch-1 decode, ms per token, compared within a
+// Measured on the H200 (batch-1 decode, ms per token, compared within a
 // call): 16 KB stages (runs of 128 pieces) 0.911 / 0.918, 32 KB 0.888-0.894, 8 KB 1.116; 3
 // slots of 32 KB 0.889; 32 KB as two runs of 128 per warp (w and w + 8, which keeps rows of
 // 1024 columns) 0.947 -- not profiled; each run's place and row then take divisions (one
@@ -252,7 +251,7 @@ static_assert(kTmaStages * 8 <= 16 && kTmaWarps * 8 <= 64, "kTmaHead's layout");
 // At least this much shared memory a block, so that no more than 2 of these blocks share an
 // SM of 228 KB (all sm_90 GPUs): the next GEMV's blocks, launched early under PDL, find no
 // room beside the running one's and wait until it leaves, while the step's small kernels
-// still fit. Measured on the H200 (eleventh session): with 50 KB blocks (two GEMVs side by
+// still fit. Measured on the H200: with 50 KB blocks (two GEMVs side by
 // side) batch 1 took 1.086 ms, with 37 KB (three) slower still, with 80 KB 0.945 ms --
 // gemv_kernel 0.995 in the same calls. Side by side, the next GEMV's early requests took
 // bandwidth from the running one: every GEMV of a step is on its critical path.
@@ -261,7 +260,7 @@ static_assert(kTmaStages * 8 <= 16 && kTmaWarps * 8 <= 64, "kTmaHead's layout");
 // next GEMV (gate_up) lands beside its two and requests its first stages while o_proj's blocks
 // wait for the attention, the step's longest stretch of idle memory; gate_up's other block
 // arrives when o_proj's leave. The SM then holds 216 KB: the launcher asks for the largest
-// shared-memory carveout. Measured on the H200 (twenty-first session): batch 1 0.861-0.862
+// shared-memory carveout. Measured on the H200: batch 1 0.861-0.862
 // ms against 0.870-0.871; the same with gate_up's start held until o_proj's wait returns
 // 0.863-0.864: its requests during the attention cost nothing measurable.
 constexpr size_t kTmaMinSmem = 80 * 1024;
@@ -282,8 +281,8 @@ struct Prologue {
 // key (pick_key), puts it into the kept key with one atomicMax and draws a ticket; the block
 // that draws the last ticket reads the winner, stores its index and sets key and ticket back
 // to 0 for the next launch (binding.h's tvllm::tickets keeps them). A batch-1 decode step
-// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200, thirty-second session,
-// call 4: docs/gpu-runs.md).
+// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200:
+// docs/gpu-runs.md).
 struct Pick {
   int64_t* out = nullptr;              // [1]: the index
   unsigned long long* key = nullptr;   // the best key so far, 0 between launches
@@ -342,8 +341,8 @@ __device__ __forceinline__ void finish_pick(unsigned long long best, const Pick&
 // two). Ends with a barrier: xs is complete.
 // Every rounding to bf16 here converts two values at once (vec.cuh's pack_bf16, one F2FP
 // instruction): a conversion of one value (__float2bfloat16_rn, F2F) issues at 16 a clock on
-// an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200,
-// twenty-ninth session: 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
+// an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200:
+// 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
 // thread has one piece at hidden 2048, and the unrolled copies only tripled the code a block
 // runs once, cold (rolling them alone gave 4 of those 12 us).
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, const Prologue& pro,
@@ -422,8 +421,7 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 // Two blocks an SM (kTmaMinSmem makes sure of no more), registers for three
 // (kTmaRegisterBlocks). kPick: the greedy pick after the product (Pick; float32 y). An
 // instance of its own: the epilogue's code in every GEMV's instance changed how the compiler
-// laid out the kernel, and made a batch-1 token 10 us slower (the H200, thirty-second session,
-// call 3).
+// laid out the kernel, and made a batch-1 token 10 us slower (the H200).
 template <typename OutT, bool kPick = false>
 __global__ void __launch_bounds__(kTmaThreads, kTmaRegisterBlocks)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
