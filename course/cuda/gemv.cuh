@@ -29,3 +29,10 @@ inline bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t ou
 // Why a GEMV refuses a product that gemv_fits does not take (the launchers' one sentence).
 constexpr const char* kGemvRefusal =
     "gemv: needs 1-8 tokens, in_features a multiple of 8 and 16-byte aligned x and weight";
+
+// launch(y) with y as float* (y_f32: float32 logits) or as __nv_bfloat16*: a GEMV's two
+// output types, one instance each.
+template <typename Launch>
+tvllm_status with_output_type(void* y, bool y_f32, Launch launch) {
+  return y_f32 ? launch(static_cast<float*>(y)) : launch(static_cast<__nv_bfloat16*>(y));
+}

@@ -665,8 +665,9 @@ tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32,
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, 0, stream)
-               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, 0, stream);
+  return with_output_type(y, y_f32, [&](auto* out) {
+    return launch_tokens(xb, wb, out, t, k, n, 0, stream);
+  });
 }
 
 // y = silu(x @ gate^T) * (x @ up^T) for weight = [gate; up]: x [tokens, in] bf16, weight

@@ -50,6 +50,7 @@
 #include "cp_async.cuh"
 #include "exp2.cuh"
 #include "mma.cuh"
+#include "prefill.cuh"
 #include "swizzle.cuh"
 #include "tvllm.h"
 
@@ -363,12 +364,8 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
                                     int n_heads, int n_kv_heads, int head_dim, float scale,
                                     cudaStream_t stream) {
   if (n_seqs == 0 || max_seqlen == 0 || n_heads == 0) return TVLLM_OK;
-  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
-  if (head_dim != 64 && head_dim != 128)
-    return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
-  if (!(scale > 0.f))
-    return "scale must be positive (prefill_attention sends other scales to stage 07's kernel)";
+  if (const tvllm_status refused = prefill_refusal(n_heads, n_kv_heads, head_dim, scale))
+    return refused;
   if (n_seqs > 65535 || tvllm_ceil_div(max_seqlen, 64) > 65535)
     return "at most 65535 sequences and 4194240 queries in one";
   const Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),

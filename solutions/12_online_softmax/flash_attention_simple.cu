@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "prefill.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
@@ -182,12 +183,8 @@ tvllm_status launch_flash_attention_simple(const void* q, const void* k, const v
                                            int n_heads, int n_kv_heads, int head_dim, float scale,
                                            cudaStream_t stream) {
   if (n_seqs == 0 || max_seqlen == 0 || n_heads == 0) return TVLLM_OK;
-  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
-  if (head_dim != 64 && head_dim != 128)
-    return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
-  if (!(scale > 0.f))
-    return "scale must be positive (prefill_attention sends other scales to stage 07's kernel)";
+  if (const tvllm_status refused = prefill_refusal(n_heads, n_kv_heads, head_dim, scale))
+    return refused;
   if (n_seqs > 65535 || tvllm_ceil_div(max_seqlen, kRows) > 65535)
     return "at most 65535 sequences and 1048560 queries in one";
   const SimpleParams p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),

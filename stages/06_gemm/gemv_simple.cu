@@ -57,6 +57,5 @@ tvllm_status launch_gemv_simple(const void* x, const void* weight, void* y, bool
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  return y_f32 ? launch(xb, wb, static_cast<float*>(y), t, k, n, stream)
-               : launch(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, stream);
+  return with_output_type(y, y_f32, [&](auto* out) { return launch(xb, wb, out, t, k, n, stream); });
 }
