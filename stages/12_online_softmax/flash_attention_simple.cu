@@ -27,8 +27,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tvllm.h"
 #include "prefill.cuh"
+#include "tvllm.h"
 #include "vec.cuh"
 
 namespace {
