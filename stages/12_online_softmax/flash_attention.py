@@ -19,6 +19,8 @@ to stage 07's kernel -- and CPU tensors to `flash_attention_native`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from course import parts
@@ -125,7 +127,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens: torch.Tensor, scale: float,
                       out: torch.Tensor | None = None, *,
                       cu_seqlens_k: torch.Tensor | None = None,
-                      max_seqlen_q: int | None = None, kernel: str | None = None) -> torch.Tensor:
+                      max_seqlen_q: int | None = None) -> torch.Tensor:
     """Causal attention of packed sequences: stage 12's kernels on CUDA, the twin on CPU.
 
     Stage 07's signature and meaning. q: [Tq, n_heads, head_dim] bf16, k, v:
@@ -139,10 +141,27 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head_dim: the kernel is built for 64 and 128; on CUDA any other size (a multiple of 8 up
     to 128) falls back to stage 07's kernel, `parts.load("07", "attention").prefill_attention`,
     and so does a scale that is not positive (the kernel's softmax needs scale > 0).
-    kernel: None (the engine's) the fast kernel if written, else the simple one; "simple" or
-    "fast" that one only (its tests, and to compare them).
+    On CUDA the fast kernel runs once it is written, else the simple one.
     Returns [Tq, n_heads, head_dim] bf16.
     """
+    return _prefill(_fastest, q, k, v, cu_seqlens, scale, out, cu_seqlens_k, max_seqlen_q)
+
+
+def prefill_attention_of(kernel: str) -> Callable[..., torch.Tensor]:
+    """prefill_attention run by one kernel only, "simple" (part 1) or "fast" (part 2): their
+    tests, and comparisons. Same arguments and fallbacks to stage 07."""
+    def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens: torch.Tensor, scale: float,
+                          out: torch.Tensor | None = None, *,
+                          cu_seqlens_k: torch.Tensor | None = None,
+                          max_seqlen_q: int | None = None) -> torch.Tensor:
+        return _prefill(KERNELS[kernel], q, k, v, cu_seqlens, scale, out, cu_seqlens_k,
+                        max_seqlen_q)
+    return prefill_attention
+
+
+def _prefill(run: Callable[..., None], q, k, v, cu_seqlens, scale, out, cu_seqlens_k,
+             max_seqlen_q) -> torch.Tensor:
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if not q.is_cuda:
         return flash_attention_native(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k)
@@ -154,6 +173,5 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_seqlen_q = max((b - a for a, b in zip(bq, bq[1:])), default=0)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    run = _fastest if kernel is None else KERNELS[kernel]
     run(q, k, v, cu_seqlens, cu_k, int(max_seqlen_q), float(scale), out)
     return out

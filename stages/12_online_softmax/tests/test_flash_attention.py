@@ -129,8 +129,8 @@ def run_and_check(kernel: str, q, k, v, cu_q, cu_k, scale: float, what: str,
     stage 07's twin; the inputs untouched."""
     before = [t.clone() for t in (q, k, v, cu_q, cu_k)]
     out = checks.poison(torch.empty(q.shape, dtype=q.dtype, device="cuda"))
-    got = flash_op().prefill_attention(q, k, v, cu_q, scale, out=out, cu_seqlens_k=cu_k,
-                                       max_seqlen_q=max_seqlen_q, kernel=kernel)
+    got = flash_op().prefill_attention_of(kernel)(q, k, v, cu_q, scale, out=out,
+                                                  cu_seqlens_k=cu_k, max_seqlen_q=max_seqlen_q)
     torch.cuda.synchronize()
     assert got.data_ptr() == out.data_ptr(), "prefill_attention(..., out=buf) must return buf"
     lens_q, lens_k = lengths(cu_q), lengths(cu_k)
@@ -256,8 +256,8 @@ def test_rows_past_the_last_sequence_are_not_written(kernel, seed):
     extra = checks.randn((20, 8, 64), torch.bfloat16, "cuda", gen)
     q_big = torch.cat([q, extra])
     out = checks.poison(torch.empty(q_big.shape, dtype=q.dtype, device="cuda"))
-    flash_op().prefill_attention(q_big, k, v, cu_q, 0.125, out=out, cu_seqlens_k=cu_k,
-                                 max_seqlen_q=150, kernel=kernel)
+    flash_op().prefill_attention_of(kernel)(q_big, k, v, cu_q, 0.125, out=out,
+                                            cu_seqlens_k=cu_k, max_seqlen_q=150)
     torch.cuda.synchronize()
     assert out[220:].isnan().all(), (
         "rows past the last sequence were written: store only rows < len_q of each sequence "
@@ -273,8 +273,7 @@ def test_deterministic(kernel, seed):
     q, k, v, cu_q, cu_k = make_inputs(checks.generator("cuda", seed), [1000, 129, 3], 32, 8, 64)
     first = run_and_check(kernel, q, k, v, cu_q, cu_k, 0.125, "first call")
     for _ in range(3):
-        again = flash_op().prefill_attention(q, k, v, cu_q, 0.125, cu_seqlens_k=cu_k,
-                                             kernel=kernel)
+        again = flash_op().prefill_attention_of(kernel)(q, k, v, cu_q, 0.125, cu_seqlens_k=cu_k)
         torch.cuda.synchronize()
         checks.assert_equal(again, first, what="a repeated call", hint=RACE_HINT)
 
@@ -286,16 +285,16 @@ def test_captured_in_a_cuda_graph(kernel, seed):
     sees the offsets and inputs written since (same maximum)."""
     gen = checks.generator("cuda", seed)
     q, k, v, cu_q, cu_k = make_inputs(gen, [100, 28], 8, 2, 64, lens_k=[300, 28])
-    op = flash_op().prefill_attention
+    op = flash_op().prefill_attention_of(kernel)
     out = torch.empty(q.shape, dtype=q.dtype, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture (builds, loads the library)
-        op(q, k, v, cu_q, 0.125, out, cu_seqlens_k=cu_k, max_seqlen_q=100, kernel=kernel)
+        op(q, k, v, cu_q, 0.125, out, cu_seqlens_k=cu_k, max_seqlen_q=100)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        op(q, k, v, cu_q, 0.125, out, cu_seqlens_k=cu_k, max_seqlen_q=100, kernel=kernel)
+        op(q, k, v, cu_q, 0.125, out, cu_seqlens_k=cu_k, max_seqlen_q=100)
     q.copy_(checks.randn(q.shape, torch.bfloat16, "cuda", gen))
     cu_q.copy_(offsets([28, 100]))
     cu_k.copy_(offsets([28, 300]))
@@ -364,5 +363,5 @@ def test_rejects_bad_input(kernel, seed):
     # Without max_seqlen_q the wrapper reads and checks the offsets on the host first.
     for needle, cu in {"must rise from 0": [0, 3, 7], "must rise": [0, 5, 3, 8]}.items():
         with pytest.raises(ValueError, match=needle):
-            flash_op().prefill_attention(
-                q, k, v, torch.tensor(cu, dtype=torch.int32, device="cuda"), 0.1, kernel=kernel)
+            flash_op().prefill_attention_of(kernel)(
+                q, k, v, torch.tensor(cu, dtype=torch.int32, device="cuda"), 0.1)
