@@ -15,7 +15,7 @@ import torch
 
 from course import parts
 from course.build import ToolchainMissing
-from course.testing import attention_mistakes, gemv_mistakes
+from course.testing import attention_mistakes, checks, diagnose, gemv_mistakes
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
@@ -89,6 +89,14 @@ def _ok(error: bytes | None) -> None:
     if message.startswith("TODO stage"):   # a skeleton's launcher: the grader reads TODO, as on a GPU
         raise NotImplementedError(message)
     pytest.fail(f"the launcher or the emulator said: {message}", pytrace=False)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, what: str, *, atol: float, rtol: float,
+           **shape) -> None:
+    """got against expected at (atol, rtol); a failure names the kernel, the case's shape and
+    the first wrong elements (course/testing/checks.py), not only that they differ."""
+    checks.assert_close(got.float(), expected.float(), what=f"{what} [{diagnose.shape(**shape)}]",
+                        dtype=torch.float32, atol=atol, rtol=rtol)
 
 
 def _packed(lens_q: list[int], lens_k: list[int], n_heads: int, n_kv: int, d: int, seed: int):
@@ -447,7 +455,8 @@ def test_gemv_kernel_with_silu_mul_in_the_emulator(in_features, inter, tokens):
     _ok(fused(x.data_ptr(), w.data_ptr(), y.data_ptr(), tokens, in_features, inter))
     plain = parts.reference("06", "linear").linear_native(x, w)
     expected = parts.reference("08", "activation").silu_mul_native(plain)
-    torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _close(y, expected, "gemv_kernel with silu_mul", atol=1.6e-2, rtol=1.6e-2, tokens=tokens,
+           weight=f"{2 * inter} x {in_features}")
 
 
 # (in, out, pair, float32 out): one-token GEMV by bulk copies (gemv_kernel_tma, sm_90): rows
@@ -474,7 +483,8 @@ def test_gemv_tma_kernel_in_the_emulator(in_features, out_features, pair, f32):
     else:
         expected = x.float() @ w.float().t()
     tol = 1e-4 if f32 else 1.6e-2
-    torch.testing.assert_close(y.float(), expected, atol=tol, rtol=tol)
+    _close(y, expected, "gemv_kernel_tma", atol=tol, rtol=tol, weight=f"{rows} x {in_features}",
+           pair=pair, float32_out=f32)
 
 
 # (in, out, what is planted): the lm_head's greedy pick in the GEMV's epilogue, over the
@@ -520,7 +530,8 @@ def test_gemv_tma_kernel_with_greedy_pick_in_the_emulator(in_features, out_featu
                 pick.data_ptr(), counters.data_ptr(), host.data_ptr(), slot_t.data_ptr(),
                 host.shape[1], host.shape[0]))
         expected_y = x.float() @ w.float().t()
-        torch.testing.assert_close(y, expected_y, atol=1e-4, rtol=1e-4, equal_nan=True)
+        _close(y, expected_y, f"gemv_kernel_tma's logits (run {run})", atol=1e-4, rtol=1e-4,
+               weight=f"{out_features} x {in_features}", planted=plant)
         expected = int(torch.argmax(y[0]))
         assert int(pick[0]) == expected, (
             f"run {run + 1} ({plant}): the pick is {int(pick[0])}, torch.argmax of the "
@@ -573,9 +584,11 @@ def test_gemv_tma_kernel_with_rmsnorm_in_the_emulator(in_features, out_features,
         normed, w, out_dtype=torch.float32 if f32 else None)
     expected = parts.reference("08", "activation").silu_mul_native(plain) if pair else plain
     if f32:  # float32 sums in another order, of the same bf16 inputs
-        torch.testing.assert_close(y, expected, atol=1e-4, rtol=1e-4)
+        _close(y, expected, "gemv_kernel_tma with the RMSNorm prologue", atol=1e-4, rtol=1e-4,
+               weight=f"{out_features} x {in_features}", pair=pair, add=add)
     else:
-        torch.testing.assert_close(y.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+        _close(y, expected, "gemv_kernel_tma with the RMSNorm prologue", atol=1.6e-2,
+               rtol=1.6e-2, weight=f"{out_features} x {in_features}", pair=pair, add=add)
 
 
 DECODE_SHIM = CALL + """
@@ -618,7 +631,8 @@ def test_decode_attention_kernel_in_the_emulator(emu_decode, batch, n_heads, n_k
     _ok(error)
     native = parts.reference("09", "decode_attention").decode_attention_native
     expected = native(q, k, v, slots, lens_t, d ** -0.5)
-    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _close(out, expected, "decode_attention", atol=1.6e-2, rtol=1.6e-2, batch=batch,
+           lengths=lens, heads=f"{n_heads}/{n_kv}", head_dim=d)
 
 
 RMSNORM_SHIM = CALL + """
@@ -644,12 +658,13 @@ def test_rmsnorm_kernels_in_the_emulator(rows, hidden):
     twin = parts.reference("04", "rmsnorm")
     out = torch.empty_like(x)
     _ok(rmsnorm(out.data_ptr(), x.data_ptr(), w.data_ptr(), rows, hidden, 1e-5))
-    torch.testing.assert_close(out.float(), twin.rmsnorm_native(x, w, 1e-5).float(),
-                               atol=1.6e-2, rtol=1.6e-2)
+    _close(out, twin.rmsnorm_native(x, w, 1e-5), "rmsnorm", atol=1.6e-2, rtol=1.6e-2,
+           rows=rows, hidden=hidden)
     expected, expected_residual = twin.fused_add_rmsnorm_native(x, r, w, 1e-5)
     _ok(fused(x.data_ptr(), r.data_ptr(), w.data_ptr(), rows, hidden, 1e-5))
-    torch.testing.assert_close(r, expected_residual)
-    torch.testing.assert_close(x.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _close(r, expected_residual, "fused_add_rmsnorm's residual", atol=1e-5, rtol=1.6e-2,
+           rows=rows, hidden=hidden)
+    _close(x, expected, "fused_add_rmsnorm", atol=1.6e-2, rtol=1.6e-2, rows=rows, hidden=hidden)
 
 
 ROPE_SHIM = CALL + """
@@ -680,8 +695,9 @@ def test_rope_kernel_in_the_emulator(tokens, q_heads, k_heads, d):
     _ok(rope(q.data_ptr(), k.data_ptr(), positions.data_ptr(), cos_sin.data_ptr(),
              error.data_ptr(), tokens, qkv.shape[1], qkv.shape[1], q_heads, k_heads, d, 64))
     assert error.item() == 0, "positions inside the table raised the error flag"
-    torch.testing.assert_close(q.float(), expected_q.float(), atol=1.6e-2, rtol=1.6e-2)
-    torch.testing.assert_close(k.float(), expected_k.float(), atol=1.6e-2, rtol=1.6e-2)
+    for got, want, what in ((q, expected_q, "rope's q"), (k, expected_k, "rope's k")):
+        _close(got, want, what, atol=1.6e-2, rtol=1.6e-2, tokens=tokens,
+               heads=f"{q_heads}/{k_heads}", head_dim=d)
 
 
 SILU_SHIM = CALL + """
@@ -700,7 +716,7 @@ def test_silu_mul_kernel_in_the_emulator(rows, inter):
     out = torch.empty(rows, inter).bfloat16()
     _ok(silu_mul(x.data_ptr(), out.data_ptr(), rows, inter))
     expected = parts.reference("08", "activation").silu_mul_native(x)
-    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _close(out, expected, "silu_mul", atol=1.6e-2, rtol=1.6e-2, rows=rows, inter=inter)
 
 
 ARGMAX_SHIM = CALL + """
@@ -805,8 +821,9 @@ def test_cache_write_kernel_in_the_emulator():
     parts.reference("13", "cache_write").cache_write_native(k, v, expected_k, expected_v, slots)
     _ok(write(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
               slots.data_ptr(), tokens, qkv.shape[1], qkv.shape[1], n_kv * d, blocks * block_size))
-    torch.testing.assert_close(k_cache, expected_k, atol=0, rtol=0)
-    torch.testing.assert_close(v_cache, expected_v, atol=0, rtol=0)
+    for got, want, what in ((k_cache, expected_k, "k_cache"), (v_cache, expected_v, "v_cache")):
+        checks.assert_equal(got, want, what=f"cache_write's {what} [tokens {tokens}, slots "
+                                            f"{slots.tolist()}, kv heads {n_kv}, head dim {d}]")
 
 
 ROPE_CACHE_SHIM = CALL + """
@@ -851,7 +868,8 @@ def test_rope_cache_write_kernel_in_the_emulator(q_heads, kv_heads, d):
     # the rotation rounds as HF does (stage 05): bit-equal to the twin
     for got, want, what in ((q, want_q, "q"), (k, want_k, "k"), (k_cache, want_k_cache, "k_cache"),
                             (v_cache, want_v_cache, "v_cache")):
-        torch.testing.assert_close(got, want, atol=0, rtol=0, msg=lambda m: f"{what}: {m}")
+        checks.assert_equal(got, want, what=f"rope_cache_write's {what} [heads "
+                                            f"{q_heads}/{kv_heads}, head dim {d}]")
 
 
 PREFILL_SHIM = CALL + """
@@ -882,7 +900,9 @@ def test_prefill_attention_kernel_in_the_emulator(lens_q, lens_k, n_heads, n_kv,
                 n_heads, n_kv, d, d ** -0.5, smem_limit))
     expected = parts.reference("07", "attention").attention_native(q, k, v, cu_q, d ** -0.5,
                                                                    cu_seqlens_k=cu_k)
-    torch.testing.assert_close(out.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+    _close(out, expected, "stage 07's prefill attention", atol=1.6e-2, rtol=1.6e-2,
+           query_lengths=lens_q, key_lengths=lens_k, heads=f"{n_heads}/{n_kv}", head_dim=d,
+           shared_memory_limit=smem_limit)
 
 
 TOY_KERNEL = """
