@@ -132,7 +132,8 @@ tvllm_status launch(const SimpleParams& p, int n_seqs, int max_seqlen, cudaStrea
 }  // namespace
 
 // flash_attention.cu's launch_flash_attention's contract (q, k, v, out, offsets, strides,
-// heads, head_dim 64 or 128, scale > 0), with scalar float math: any GPU of the course.
+// heads, head_dim 64 or 128, scale > 0), with scalar float math (no sm_80 instruction; the
+// stage's min_cc, which part 2 needs, still leaves both out of a T4's build).
 tvllm_status launch_flash_attention_simple(const void* q, const void* k, const void* v, void* out,
                                            const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
                                            int n_seqs, int max_seqlen,
