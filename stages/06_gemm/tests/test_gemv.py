@@ -178,10 +178,11 @@ def test_gemv_silu_mul_equals_linear_then_silu_mul(seed, tokens, in_features, in
     plain = linear_op().linear(x, w, gemv="fast")
     torch.cuda.synchronize()
     silu_mul_native = parts.reference("08", "activation").silu_mul_native
-    checks.assert_close(out, silu_mul_native(plain), what="linear_silu_mul vs linear (GEMV) "
-                        "then silu_mul_native", dtype=torch.bfloat16, hint=SILU_HINT)
+    shape = f"[tokens {tokens}, weight {2 * inter} x {in_features}]"
+    checks.assert_close(out, silu_mul_native(plain), what=f"linear_silu_mul {shape} vs linear "
+                        "(GEMV) then silu_mul_native", dtype=torch.bfloat16, hint=SILU_HINT)
     oracle = silu_mul_native(F.linear(x.float(), w.float()))
-    checks.assert_close(out, oracle, what="linear_silu_mul vs the float32 oracle",
+    checks.assert_close(out, oracle, what=f"linear_silu_mul {shape} vs the float32 oracle",
                         dtype=torch.bfloat16, hint=SILU_HINT)
 
 
