@@ -169,10 +169,13 @@ def sdpa_oracle(pg: Paged, scale: float) -> torch.Tensor:
 
 
 def known_mistakes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   tables: list[list[int]], lens: list[int], scale: float,
-                   partition: int) -> list[diagnose.Variant]:
+                   tables: list[list[int]], lens: list[int], scale: float, kernel: str,
+                   partition: int, whole_keys: int = WHOLE_KEYS,
+                   poison: float = float("nan")) -> list[diagnose.Variant]:
     """The outputs of the usual mistakes, each with the message that names it (partition:
-    the call's keys per split-K partition, 0 for the single pass)."""
+    the call's keys per split-K partition, 0 for the single pass; whole_keys: the fast
+    kernel's whole-sequence bound, 0 when the call forces its partition size; poison: what
+    the output held before the launch)."""
     n_heads, n_kv = q.shape[1], k_cache.shape[2]
     bs = k_cache.shape[1]
 
@@ -197,6 +200,17 @@ def known_mistakes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                 "past context_lens[b] (k_end) must be left out (their scores -inf)",
                 keys=lambda n: -(-n // bs) * bs),
     ]
+    if kernel == "fast" and not partition:
+        # k_end = min(len, k_begin + keys) in the single pass too: `keys` is then the whole
+        # bound (a short sequence) or 0, and a longer row is never written
+        unwritten = attend(q, k_cache, v_cache, tables, lens, scale)
+        unwritten[torch.tensor([n > whole_keys for n in lens])] = poison
+        found.append(diagnose.Variant(
+            unwritten, "k_end: " + (f"the rows of sequences longer than {whole_keys} keys"
+                                    if whole_keys else "these rows") + " were never "
+            "written. In the single pass (partitions == 1) a block takes the whole context, "
+            "k_end = len; `keys` is split-K's partition size, so k_end = min(len, k_begin + "
+            "keys) written for every call empties these rows"))
     if partition:
         found += [
             mistake(f"k_end is not clipped to the length: the last split-K partition read keys "
@@ -243,6 +257,7 @@ def suspect_rows(lens: list[int], n_heads: int, kernel: str,
 def check_paged(got: torch.Tensor, expected: torch.Tensor, q: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, tables: list[list[int]],
                 lens: list[int], scale: float, *, kernel: str, partition: int, what: str,
+                whole_keys: int = WHOLE_KEYS, poison: float = float("nan"),
                 atol: float | None = None, rtol: float | None = None) -> None:
     """diagnose.assert_close of got [B, n_heads, d] against expected (bf16's tolerance unless
     given), with the case's shape and, when they differ, the known mistake (known_mistakes,
@@ -257,8 +272,8 @@ def check_paged(got: torch.Tensor, expected: torch.Tensor, q: torch.Tensor,
                              f"{min(lens)}..{max(lens)}", heads=f"{n_heads}/{k_cache.shape[2]}",
                              head_dim=d, block_size=k_cache.shape[1],
                              partition=f"{partition} keys" if partition else "none (single pass)"),
-        variants=known_mistakes(q, k_cache, v_cache, tables, lens, scale, partition)
-        if wrong else (),
+        variants=known_mistakes(q, k_cache, v_cache, tables, lens, scale, kernel, partition,
+                                whole_keys, poison) if wrong else (),
         suspects=suspect_rows(lens, n_heads, kernel, partition) if wrong else (),
         hint="compare with paged_decode_attention_native in paged_attention.py: per sequence, "
              "gather its keys through the block table, then per head softmax(scale * q K^T) V; "
@@ -592,9 +607,11 @@ def test_bad_block_or_length_is_nan_not_a_crash(seed, kernel):
         out = checks.poison(torch.empty(pg.q.shape, dtype=pg.q.dtype, device="cuda"))
         op(kernel)(*pg.args(), 0.125, out=out, split=split)
         torch.cuda.synchronize()
-        assert out[[1, 2, 4]].isnan().all(), (
-            f"{kernel} kernel, split={split}: rows with a block outside the pool (sequences 1, "
-            "4) or a length past the block table (sequence 2) must be NaN. " + NAN_ROWS_HINT)
+        if not out[[1, 2, 4]].isnan().all():
+            raise AssertionError(
+                f"{kernel} kernel, split={split}: rows with a block outside the pool (sequences "
+                "1, 4) or a length past the block table (sequence 2) must be NaN. "
+                + NAN_ROWS_HINT)
         sub = Paged.__new__(Paged)
         sub.q, sub.k, sub.v, sub.block_size = pg.q[good], pg.k, pg.v, 16
         sub.lens, sub.tables = [pg.lens[b] for b in good], [pg.tables[b] for b in good]
