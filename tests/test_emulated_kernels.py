@@ -339,6 +339,9 @@ def test_partition_rule_in_the_emulator(emu_partition_keys, stage14):
             for max_keys in (40, 64, 65, 300, 4096, 40000):
                 for split, flag in ((None, -1), (True, 1), (False, 0)):
                     got = emu_partition_keys(batch, n_heads, n_kv, max_keys, flag)
+                    if got == -1:   # the skeleton's answer (kRuleNotWritten), as the binding says
+                        raise NotImplementedError("TODO stage 14: paged_attention_partition_keys,"
+                                                  " the split-K rule, is not written yet")
                     expected = stage14.expected_partition_keys(batch, n_heads, n_kv,
                                                                max_keys, 4, split)
                     assert got == expected, (

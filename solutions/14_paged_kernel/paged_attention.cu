@@ -726,13 +726,13 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
     cudaGetLastError();  // clear it: the message goes back through the return value
     return cudaGetErrorString(opted);
   }
-  // BEGIN SOLUTION: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads) | return "{todo}";
+  // BEGIN SOLUTION: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK | return "{todo}";
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
-  // END SOLUTION
   launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream,
                p);
   return TVLLM_OK;
+  // END SOLUTION
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of

@@ -600,11 +600,8 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
     cudaGetLastError();  // clear it: the message goes back through the return value
     return cudaGetErrorString(opted);
   }
-  // TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads) (about 2 lines)
-  return "TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads) (about 2 lines)";
-  launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream,
-               p);
-  return TVLLM_OK;
+  // TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK (about 5 lines)
+  return "TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK (about 5 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of
