@@ -770,3 +770,30 @@ def test_rejects_bad_input(seed, kernel):
             fn(*args)
         assert needle in str(info.value), (
             f"bad input should be refused with a message about {needle!r}, got: {info.value}")
+
+
+@pytest.mark.gpu
+def test_the_op_the_engine_calls(seed):
+    """paged_decode_attention, what the engine calls: the fast kernel, or the simple one while
+    the fast one is still a TODO (one line on stderr); a decode step's call, with max_context
+    and the new token, gives the right rows and stores the new key and value."""
+    gen = checks.generator("cuda", seed)
+    lens = [5, 300, 0, 1000]
+    pg = Paged(gen, lens, 32, 8, 64, fused=True)
+    positions = (torch.tensor(lens, device="cuda") - 1).clamp(min=0)
+    cos_sin = parts.load("05", "rope_tables").cos_sin_cache(64, 500000.0, None, 4096,
+                                                            device="cuda")
+    q_ref, k_ref, k_cache, v_cache = pg.q.clone(), pg.k_new.clone(), pg.k.clone(), pg.v.clone()
+    slots = torch.tensor([-1 if n == 0 else pg.tables[b][(n - 1) // 16] * 16 + (n - 1) % 16
+                          for b, n in enumerate(lens)], dtype=torch.int64, device="cuda")
+    parts.load("13", "cache_write").rope_cache_write_native(q_ref, k_ref, pg.v_new, positions,
+                                                            cos_sin, k_cache, v_cache, slots)
+    got = paged_op().paged_decode_attention(
+        *pg.args(), 0.125, max_context=2048, new_token=(pg.k_new, pg.v_new, positions, cos_sin))
+    torch.cuda.synchronize()
+    check_paged(got, attend(q_ref, k_cache, v_cache, pg.tables, lens, 0.125), q_ref, k_cache,
+                v_cache, pg.tables, lens, 0.125, kernel="fast", partition=0,
+                what="paged_decode_attention (the engine's op) with the new token")
+    for mine, theirs, what in ((pg.k, k_cache, "k_cache"), (pg.v, v_cache, "v_cache")):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, equal_nan=True, msg=lambda m: (
+            f"{what} after the engine's op with new_token differs from rope_cache_write's: {m}"))
