@@ -136,8 +136,8 @@ struct Running {
 // Ring slots per warp: kStages - 1 steps in flight. 2 at head_dim 64, 1 at 128 (chosen when
 // rows were padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
 // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured). At head_dim 64 a grid
-// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim: "One wave, one
-// step in flight" and "Fewer blocks than SMs" in the lesson).
+// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim says why; "The
+// ring" in the lesson's Going faster).
 template <int kD>
 constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
 
@@ -623,7 +623,7 @@ tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
 // on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
 // 1) were 3-5% slower with it. Fewer blocks than SMs, every step in flight: a block has an SM
 // to itself and its warps' steps are a chain of memory latencies, so each warp copies all of
-// a short sequence's steps at once (kFewBlocksStages; lesson 14).
+// a short sequence's steps at once (kFewBlocksStages; "The ring" in the lesson).
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
   if constexpr (kD == 64) {
@@ -648,9 +648,9 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // (batch x KV heads x head chunks); when that is fewer, split into partitions of 1024 keys,
 // and halve them (512, 256, 128, 64) while the grid is still short of the target. Large
 // partitions where they suffice: each one more is partials to write and, in the block that
-// merges, to read (the lesson's measurements). On 132 SMs a batch of one sequence (8 KV
-// heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256 blocks), 1024-key
-// ones from 16385.
+// merges, to read ("Split-K and its rule" in the lesson). On 132 SMs a batch of one
+// sequence (8 KV heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256
+// blocks), 1024-key ones from 16385.
 // What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
 // so that no test of the rule passes where it happens to expect the single pass.
 constexpr int kRuleNotWritten = -1;
