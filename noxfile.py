@@ -112,6 +112,19 @@ def bench_plot(session: nox.Session) -> None:
                 env={"PYTHONPATH": str(ROOT)})
 
 
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The course website (MkDocs, Material): README, every lesson in course order, docs/.
+    Builds it strictly into build/site (a broken link or a missing page fails the build);
+    `nox -s docs -- serve` serves it at http://127.0.0.1:8000 and rebuilds on every edit
+    (python3 -m mkdocs build | serve)."""
+    args = list(session.posargs)
+    command = ["serve", *args[1:]] if args[:1] == ["serve"] else ["build", "--strict", *args]
+    # NO_MKDOCS_2_WARNING: Material's banner about the theme's future, printed on every build
+    session.run(_python(session), "-m", "mkdocs", *command, external=True,
+                env={"PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"})
+
+
 @nox.session(name="sync-stages")
 def sync_stages(session: nox.Session) -> None:
     """Regenerate the skeletons in stages/ from solutions/ (add --check to only compare)."""
