@@ -34,8 +34,8 @@ else the dynamic cache; the output names which. Compile and CUDA-graph capture h
 warm-ups, never timed, and --budget stops starting transformers' workloads once the run has
 taken that long (the summary says which were skipped). Results go to JSON (bench.results):
 GPU, driver, torch, CUDA and transformers versions, date, commit, every number; the summary
-(bench.report) prints each workload as ours vs transformers and says by how much each of issue
-11's targets (bench.targets) is missed.
+(bench.report) prints each workload as ours vs transformers and says, for each of the engine's
+goals (bench.targets), the figure and by how much it is met or missed.
 """
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def targets_table(doc: dict) -> str:
     checks = targets.check(doc) or doc.get("targets")
     if not checks:
         return ""
-    return "\n".join(["Targets (issue 11, one H200):", "| target | result |", "|---|---|"]
+    return "\n".join(["Goals (set for one H200):", "| goal | result |", "|---|---|"]
                      + [f"| {c['target']} | {c['text']} |" for c in checks])
 
 
