@@ -1,10 +1,13 @@
 """The course website (mkdocs.yml, docs/hooks/course_site.py): it builds strictly with a page
-for every lesson of stages.toml, and a broken link or a missing lesson fails the build.
+for every lesson of stages.toml, renders math, and a broken link or a missing lesson fails the
+build.
 Each build takes about a second and a half of CPU."""
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +44,10 @@ def test_the_site_builds_with_every_lesson_in_course_order(tmp_path):
     for stage in manifest.stages():
         page = tmp_path / "lessons" / stage.dir / "index.html"
         assert page.is_file(), f"no page for stage {stage.id}'s lesson"
-        first_line = (stage.skeleton_dir() / "README.md").read_text().splitlines()[0]
-        assert first_line.lstrip("# ").split("`")[0][:20] in page.read_text()
+        heading = (stage.skeleton_dir() / "README.md").read_text().splitlines()[0]
+        text = html.unescape(page.read_text())
+        assert all(w in text for w in re.findall(r"\w+", heading)[:4]), \
+            f"stage {stage.id}'s page does not hold its lesson ({heading!r})"
         places.append(home.index(f"lessons/{stage.dir}/"))
     assert places == sorted(places), "the navigation must follow stages.toml's order"
     assert (tmp_path / "benchmarks" / "index.html").is_file()
@@ -69,9 +74,13 @@ def test_a_broken_link_fails_the_build(course_copy, tmp_path):
     readme = course_copy / "README.md"
     readme.write_text(readme.read_text() + "\nThe [kernel](stages/03_embedding/embedding.cu), "
                       "its [tests](stages/03_embedding/tests/), a [lesson]"
-                      "(stages/04_rmsnorm/README.md#rmsnorm) and [a page](docs/benchmarks.md).\n")
+                      "(stages/04_rmsnorm/README.md#rmsnorm) and [a page](docs/benchmarks.md), "
+                      "then math: $x^2$ and\n\n```math\n\\sum_i x_i\n```\n")
     run = build(course_copy, tmp_path / "good")
     assert run.returncode == 0, run.stdout + run.stderr   # links to repository files build
+    home = (tmp_path / "good" / "index.html").read_text()
+    assert '<span class="arithmatex">\\(x^2\\)</span>' in home
+    assert '<div class="arithmatex">\\[\n\\sum_i x_i\n\\]</div>' in home
     readme.write_text(readme.read_text() + "\nA [typo](stages/03_embedding/embeding.cu).\n")
     run = build(course_copy, tmp_path / "bad")
     assert run.returncode != 0, "a link to a file that does not exist built"

@@ -33,7 +33,8 @@ log = logging.getLogger("mkdocs.hooks.course_site")
 
 LESSONS = "lessons"   # the site folder of the lesson pages: lessons/07_attention/
 # The docs pages in reading order; any other page of docs/ follows them, by name.
-DOC_ORDER = ("engine.md", "serving.md", "benchmarks.md", "instructors.md", "maintainers.md")
+DOC_ORDER = ("setup.md", "grading.md", "engine.md", "serving.md", "benchmarks.md", "instructors.md",
+             "maintainers.md")
 
 
 class _Site:
