@@ -96,7 +96,8 @@ def test_every_figure_is_in_its_json(page):
 def test_every_json_kept_is_cited():
     cited = {name for page in PAGES for name in JSON_NAME.findall((ROOT / page).read_text())}
     kept = {p.name for p in (ROOT / "docs" / "bench").glob("*.json")}
-    assert kept == cited, f"kept but cited nowhere: {kept - cited}; cited but missing: {cited - kept}"
+    assert kept == cited, (f"kept but cited nowhere: {kept - cited}; "
+                           f"cited but missing: {cited - kept}")
 
 
 def test_a_figure_from_elsewhere_is_caught():

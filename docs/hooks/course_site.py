@@ -90,7 +90,8 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             raise PluginError(f"{path.relative_to(root)} is missing: the site needs it as "
                               f"{src_uri} (stages.toml lists every lesson)")
         files.append(File.generated(config, src_uri, abs_src_path=str(path)))
-    _Site.site_file = {_repo_path(f.abs_src_path): f.src_uri for f in files if f.abs_src_path}
+    _Site.site_file = {_repo_path(f.abs_src_path): f.src_uri for f in files
+                       if f.abs_src_path and _repo_path(f.abs_src_path)}
     return files
 
 
@@ -120,10 +121,12 @@ def rewrite(page_path: str, link: str, site_file: dict[str, str], page_uri: str,
     target = posixpath.normpath(posixpath.join(base, path.lstrip("/")))
     anchor = f"#{fragment}" if fragment else ""
     if target in site_file:
-        return posixpath.relpath(site_file[target], posixpath.dirname(page_uri) or ".") + anchor, None
+        here = posixpath.dirname(page_uri) or "."
+        return posixpath.relpath(site_file[target], here) + anchor, None
     on_disk = root / target
     if target.startswith("..") or not on_disk.exists():
-        return link, f"{page_path}: the link '{link}' leads to {target}, which is not in the repository"
+        return link, (f"{page_path}: the link '{link}' leads to {target}, which is not in the "
+                      "repository")
     if not repo_url:
         return None, None
     kind = "tree" if on_disk.is_dir() else "blob"
