@@ -82,7 +82,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def generate(session: nox.Session) -> None:
     """Run the reference engine: nox -s generate -- "What is the capital of France?"
-    [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] (python3 -m solutions.engine)."""
+    [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] [--mine: on your own parts]
+    (python3 -m solutions.engine)."""
     _run(session, "-m", "solutions.engine", *session.posargs)
 
 
