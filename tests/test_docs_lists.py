@@ -6,11 +6,10 @@ from __future__ import annotations
 import importlib.util
 import re
 
+import markdown
 import pytest
 
 from course import manifest
-
-markdown = pytest.importorskip("markdown")
 
 
 def _hook():

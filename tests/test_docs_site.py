@@ -1,7 +1,6 @@
 """The course website (mkdocs.yml, docs/hooks/course_site.py): it builds strictly with a page
 for every lesson of stages.toml, renders math, and a broken link or a missing lesson fails the
-build.
-Each build takes about a second and a half of CPU."""
+build. Each build takes about a second and a half of CPU."""
 from __future__ import annotations
 
 import html
@@ -18,7 +17,6 @@ import pytest
 from course import manifest
 
 ROOT = manifest.ROOT
-pytest.importorskip("mkdocs", reason="the site's dependencies are in pyproject.toml's test extra")
 
 
 def _hook():
