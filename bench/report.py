@@ -102,7 +102,7 @@ def kernels_table(doc: dict) -> str:
     k = doc.get("kernels")
     if not k:
         return ""
-    # documents from before the fifth session have no l2_flush: they flushed by writing
+    # a document without l2_flush comes from the older method: a flush by writing
     flush = k.get("l2_flush", "write")
     rows = [f"Kernels (medians, cold L2 by a {flush} flush): share of the 1 GiB copy's bandwidth "
             "and of a copy of the same bytes (the ceiling at that size); speedup = torch us / "
