@@ -1,0 +1,111 @@
+"""Each model family the engine runs against transformers, on the CPU in float32.
+
+Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm), each as tiny random
+checkpoints whose heads are not hidden / heads wide (course.testing.fixtures.HEAD_DIM_APART:
+GQA 2:1 with tied embeddings, GQA 3:1 with an lm_head of its own), saved in HF layout and
+loaded the way a user's model is: `LLM(DIR)` (the serving engine: paged KV cache, RoPE in the
+cache write, batches) and the CLI's `--model DIR`. Greedy tokens must equal transformers'
+generate(do_sample=False) and the last-token logits agree to float32 rounding. The Qwen
+biases and norm weights are random (not transformers' zeros and ones), so a bias or a norm
+weight that is left out or put in the wrong place changes the tokens.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from course import parts
+from course.testing import checks, equivalence, fixtures
+from solutions.engine.llm import LLM
+from tests.test_engine_cli import copy_model, run_main
+
+FAMILIES = list(fixtures.FAMILIES)
+SHAPES = list(fixtures.HEAD_DIM_APART)
+FP32_TOL = 1e-4   # relative to the largest |logit|
+STEPS = 12
+
+
+@pytest.fixture(scope="module", params=[(f, s) for f in FAMILIES for s in SHAPES],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def saved(request, tmp_path_factory):
+    """(directory, transformers model, engine) of one family and shape, with no eos id so
+    that greedy runs last all STEPS."""
+    family, shape = request.param
+    directory = tmp_path_factory.mktemp(f"{family}-{shape}")
+    hf = fixtures.save_tiny_llama(directory, shape, family=family, eos_token_id=None)
+    return directory, hf, LLM(directory, device="cpu", load_tokenizer=False)
+
+
+def prompts(vocab: int, seed: int, lengths: tuple[int, ...]) -> list[list[int]]:
+    g = checks.generator("cpu", seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_config_reads_the_family(saved):
+    directory, hf, llm = saved
+    c, family = llm.config, hf.config.model_type
+    assert (c.model_type, c.qkv_bias, c.qk_norm) == (family, family == "qwen2",
+                                                     family == "qwen3")
+    assert c.head_dim == hf.config.head_dim != c.hidden_size // c.num_attention_heads
+
+
+def test_greedy_batch_equals_transformers(saved, seed):
+    """Three prompts in one generate() call (one engine, batched and paged), each equal to
+    transformers' greedy tokens for it alone."""
+    _, hf, llm = saved
+    batch = prompts(llm.config.vocab_size, seed, (9, 1, 23))
+    results = llm.generate(batch, max_tokens=STEPS)
+    for prompt, result in zip(batch, results):
+        theirs, their_logits = equivalence.hf_greedy(hf, prompt, STEPS)
+        print(equivalence.assert_greedy_agrees(result.output_ids, theirs, their_logits,
+                                               FP32_TOL, what=f"{hf.config.model_type}"))
+        assert len(result.output_ids) == STEPS
+
+
+def test_packed_logits_equal_transformers(saved, seed):
+    """Stage 08's forward over two packed prompts: each one's last-token logits."""
+    _, hf, llm = saved
+    batch = prompts(llm.config.vocab_size, seed, (17, 5))
+    logits = equivalence.our_logits(llm.model, batch)
+    for row, prompt in zip(logits, batch):
+        expected = equivalence.hf_forward(hf, prompt)[0][-1]
+        checks.assert_close(row, expected, what=f"{hf.config.model_type} last-token logits",
+                            dtype=torch.float32,
+                            atol=FP32_TOL * max(float(expected.abs().max()), 1.0), rtol=0.0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cli_runs_each_family(capsys, tmp_path, family):
+    """`python3 -m solutions.engine --model DIR`: transformers' greedy tokens, as JSON."""
+    src = tmp_path / "src"
+    hf = fixtures.save_tiny_llama(src, "wide_heads_tied", family=family, eos_token_id=None)
+    d = copy_model(src, tmp_path / "model")
+    code, out, err = run_main(capsys, "--model", str(d), "--device", "cpu", "--json", "--raw",
+                              "--max-tokens", "6", "What is the capital of France ?")
+    assert code == 0, err
+    result = json.loads(out)
+    theirs, their_logits = equivalence.hf_greedy(hf, result["prompt_ids"], 6)
+    print(equivalence.assert_greedy_agrees(result["output_ids"], theirs, their_logits,
+                                           FP32_TOL, what=f"{family} through the CLI"))
+
+
+def test_a_family_tensor_the_config_does_not_declare(tmp_path):
+    """A Qwen2 checkpoint under a config that says llama would run without its biases: the
+    loader names the first bias instead."""
+    fixtures.save_tiny_llama(tmp_path, "wide_heads_tied", family="qwen2")
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**raw, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    config = parts.load("01", "config").load_config(tmp_path)
+    with pytest.raises(ValueError, match=r"self_attn\.k_proj\.bias.*'llama'"):
+        parts.load("01", "checkpoint").load_checked(tmp_path, config)
+
+
+def test_cuda_refuses_a_head_dim_its_kernels_lack(tmp_path):
+    """Checked before any weight moves, so it needs no GPU: one line naming head_dim."""
+    fixtures.save_tiny_llama(tmp_path, "odd_mha", family="qwen3")
+    config = parts.load("01", "config").load_config(tmp_path)
+    with pytest.raises(ValueError, match="head_dim 24 is not supported on CUDA"):
+        parts.load("08", "model").LlamaModel(config, {}, "cuda", torch.bfloat16)
