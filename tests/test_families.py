@@ -103,9 +103,36 @@ def test_a_family_tensor_the_config_does_not_declare(tmp_path):
         parts.load("01", "checkpoint").load_checked(tmp_path, config)
 
 
-def test_cuda_refuses_a_head_dim_its_kernels_lack(tmp_path):
-    """Checked before any weight moves, so it needs no GPU: one line naming head_dim."""
-    fixtures.save_tiny_llama(tmp_path, "odd_mha", family="qwen3")
-    config = parts.load("01", "config").load_config(tmp_path)
+def test_cuda_refuses_a_head_dim_its_kernels_lack():
+    """LLM(DIR) checks it before the weights load, and it needs no GPU: one line naming
+    head_dim (a head of 24 runs on the CPU, as the fixtures do; the CUDA kernels take 16,
+    32, ..., 128)."""
+    from solutions.engine.model_runner import check_head_dim
+    check_head_dim(24, torch.device("cpu"))
+    check_head_dim(128, torch.device("cuda"))
     with pytest.raises(ValueError, match="head_dim 24 is not supported on CUDA"):
-        parts.load("08", "model").LlamaModel(config, {}, "cuda", torch.bfloat16)
+        check_head_dim(24, torch.device("cuda"))
+    with pytest.raises(ValueError, match="head_dim 256 is not supported on CUDA"):
+        check_head_dim(256, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("name", ["Qwen3-0.6B", "Qwen2.5-0.5B", "Mistral-7B"])
+def test_bench_shapes_build_each_family(monkeypatch, name):
+    """`python3 -m bench --shape ...`'s models on the CPU (a dry run of the plumbing; the GPU
+    measures): the shape's family on both sides, its sizes in our config, and our forward of
+    a one-layer cut equal to transformers' to bf16 rounding."""
+    from bench import engine
+    monkeypatch.setattr(engine, "DEVICE", "cpu")
+    shape = engine.SHAPES[engine.shape_named(name.lower())]
+    config = parts.load("01", "config").load_config(engine.hf_model_config(shape).to_dict())
+    assert config.model_type == shape["model_type"]
+    assert all(getattr(config, k) == v for k, v in shape.items() if k in ("hidden_size",
+               "head_dim", "num_attention_heads", "num_key_value_heads", "vocab_size"))
+    small = dict(shape, num_hidden_layers=1, vocab_size=300, hidden_size=128,
+                 intermediate_size=96)
+    hf, ours, model_mod = engine.build_models(small, seed=0, max_positions=64)
+    assert type(hf).__name__ == fixtures.FAMILIES[shape["model_type"]][1]
+    prompt = list(range(3, 19))
+    logits = equivalence.our_logits(ours, [prompt])
+    equivalence.assert_rel_close(logits, equivalence.hf_forward(hf, prompt)[0][-1:], 2e-2,
+                                 f"{name} cut to one layer, bf16 on the CPU")

@@ -68,9 +68,6 @@ if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
 # The rope table holds one row per position; Llama 3.x claims 131072 positions (32 MiB of
 # float32 at head_dim 64), some configs claim millions. Beyond this the table is not built.
 MAX_POSITIONS_CAP = 131072
-# The GPU's attention and cache kernels take these head sizes (stage 13's rotating cache write
-# works on 8 pairs a thread; stages 07, 09 and 14 keep a head of at most 128 in registers).
-CUDA_HEAD_DIM_STEP, CUDA_MAX_HEAD_DIM = 16, 128
 
 
 @dataclass
@@ -113,11 +110,6 @@ class LlamaModel:
         if self.device.type == "cuda" and self.dtype != torch.bfloat16:
             raise ValueError(f"on CUDA the model runs in bfloat16 (the kernels' dtype), not "
                              f"{self.dtype}")
-        if self.device.type == "cuda" and (config.head_dim % CUDA_HEAD_DIM_STEP
-                                           or config.head_dim > CUDA_MAX_HEAD_DIM):
-            raise ValueError(f"head_dim {config.head_dim} is not supported on CUDA (the "
-                             f"attention kernels take multiples of {CUDA_HEAD_DIM_STEP} up to "
-                             f"{CUDA_MAX_HEAD_DIM})")
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         self.max_positions = min(max_positions or config.max_position_embeddings,

@@ -26,7 +26,7 @@ import torch
 
 from course import parts
 from solutions.engine.llm_engine import LLMEngine, token_ids
-from solutions.engine.model_runner import EngineConfig
+from solutions.engine.model_runner import EngineConfig, check_head_dim
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
 # One prompt: text, chat messages [{"role": ..., "content": ...}], or token ids.
@@ -111,6 +111,7 @@ class LLM:
         dtype = _dtype(dtype)
         # Cheap checks first: a bad config or tokenizer fails before the weights load.
         self.config = parts.load("01", "config").load_config(self.model_dir)
+        check_head_dim(self.config.head_dim, self.device)
         self.tokenizer = self._load_tokenizer() if load_tokenizer else None
         weights = parts.load("01", "checkpoint").load_checked(self.model_dir, self.config)
         self.model = parts.load("08", "model").LlamaModel(self.config, weights, self.device,
