@@ -19,7 +19,7 @@ import torch
 from course import parts
 from course.testing import checks, equivalence, fixtures
 from solutions.engine.llm import LLM
-from tests.test_engine_cli import copy_model, run_main
+from tests.test_engine_cli import copy_model, run_main, write_word_tokenizer
 
 FAMILIES = list(fixtures.FAMILIES)
 SHAPES = list(fixtures.HEAD_DIM_APART)
@@ -89,6 +89,47 @@ def test_cli_runs_each_family(capsys, tmp_path, family):
     theirs, their_logits = equivalence.hf_greedy(hf, result["prompt_ids"], 6)
     print(equivalence.assert_greedy_agrees(result["output_ids"], theirs, their_logits,
                                            FP32_TOL, what=f"{family} through the CLI"))
+
+
+# The no-tool branch of two ChatML templates, shortened: Qwen2.5-Instruct's writes a default
+# system turn, Qwen3's none (transformers renders them: the oracle).
+QWEN25_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + "
+    "messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are "
+    "Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{%- if message.role != 'system' %}{{- '<|im_start|>' + "
+    "message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{%- if message.role == 'user' or (message.role == 'system' "
+    "and not loop.first) or loop.first %}{{- '<|im_start|>' + message.role + '\\n' + "
+    "message.content + '<|im_end|>' + '\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+SYSTEM_WORDS = "You are Qwen , created by Alibaba Cloud . a helpful assistant".split()
+
+
+@pytest.mark.parametrize("family,template", [("qwen2", QWEN25_TEMPLATE),
+                                             ("qwen3", QWEN3_TEMPLATE)])
+def test_chat_prompt_follows_the_models_template(tmp_path, family, template):
+    """A text prompt is wrapped as the model's own template wraps it: Qwen2.5 with its
+    default system turn, Qwen3 with none (not SmolLM2's, which a ChatML vocabulary alone would
+    suggest)."""
+    from transformers import PreTrainedTokenizerFast
+    src = tmp_path / "src"
+    fixtures.save_tiny_llama(src, "wide_heads_tied", family=family)
+    d = copy_model(src, tmp_path / "model")
+    write_word_tokenizer(d, {w: 100 + i for i, w in enumerate(dict.fromkeys(SYSTEM_WORDS))})
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    ours = LLM(d, device="cpu").encode_prompt("What is the capital of France ?")
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"),
+                                 chat_template=template)
+    theirs = hf.apply_chat_template([{"role": "user", "content": "What is the capital of "
+                                                                "France ?"}],
+                                    add_generation_prompt=True, tokenize=True)
+    if hasattr(theirs, "keys"):   # transformers >= 5 returns a BatchEncoding
+        theirs = theirs["input_ids"]
+    assert ours == list(theirs), (ours, list(theirs))
+    assert 0 not in ours, "a word of the prompt is unknown to the test tokenizer"
 
 
 def test_a_family_tensor_the_config_does_not_declare(tmp_path):
