@@ -9,9 +9,9 @@ Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
 
 Model: random bf16 weights with Llama-3.2-1B-Instruct's exact shapes, or another model's with
 --shape (bench.engine.SHAPES: qwen3-0.6b is nano-vllm's benchmark model, qwen2.5-0.5b,
-smollm2-135m, mistral-7b), or a real checkpoint with --model DIR. Random weights never stop early; every side ignores
-EOS anyway, so every request runs to its max tokens. Workloads (--only picks; bench.workloads
-defines them):
+smollm2-135m, mistral-7b), or a real checkpoint with --model DIR. Random weights never stop
+early; every side ignores EOS anyway, so every request runs to its max tokens. Workloads
+(--only picks; bench.workloads defines them):
 
   offline   nano-vllm's workload: 256 requests, prompt and output lengths uniform in
             [100, 1024]; output tok/s. Ours: all requests added at once (continuous batching).

@@ -22,7 +22,6 @@ import torch
 from bench.engine import SHAPES, hf_model_config
 from course import parts
 from course.testing import checks, equivalence, fixtures
-from tests.test_equivalence_gpu import tolerance
 
 STEPS = 24
 CASES = {
@@ -72,22 +71,9 @@ def test_hidden_states_and_logits(models, seed):
     family, hf, hf32, config = models
     ours = parts.load("08", "model").LlamaModel(config, hf.state_dict(), "cuda", torch.bfloat16)
     ids = random_prompt(200, config.vocab_size)
-    logits, hidden = equivalence.our_logits(ours, [ids], return_hidden=True)
-    hf_logits, hf_hidden = equivalence.hf_forward(hf, ids)
-    f32_logits, f32_hidden = equivalence.hf_forward(hf32, ids)
-    report = []
-    for i, (a, b, truth) in enumerate(zip(hidden, hf_hidden, f32_hidden)):
-        noise = equivalence.rel_error(b, truth)
-        err = equivalence.assert_rel_close(
-            a, b, tolerance(noise), f"{family}: residual stream after layer {i}",
-            hint=f"transformers' own bf16 error here is {noise:.2e}; layer 0 wrong: the "
-                 "family's bias or q/k norm (family_qkv_)")
-        report.append(f"{i}:{err:.1e}/{noise:.1e}")
-    noise = equivalence.rel_error(hf_logits[-1:], f32_logits[-1:])
-    err = equivalence.assert_rel_close(logits, hf_logits[-1:], tolerance(noise),
-                                       f"{family}: logits")
-    print(f"{family}: layer: ours-vs-transformers / transformers-bf16-vs-fp32: "
-          f"{' '.join(report)}; logits {err:.1e}/{noise:.1e}")
+    print(equivalence.assert_bf16_forward_close(
+        family, ours, hf, hf32, ids, hint="; layer 0 wrong: the family's bias or q/k norm "
+                                          "(family_qkv_ of stage 08's model)"))
 
 
 @pytest.mark.gpu
@@ -113,7 +99,7 @@ def test_engine_with_paging_and_cuda_graphs(models, seed):
         noise = equivalence.rel_error(equivalence.hf_forward(hf, ids)[0][len(prompt) - 1:],
                                       equivalence.hf_forward(hf32, ids)[0][len(prompt) - 1:])
         print(equivalence.assert_greedy_agrees(got[rid], theirs, their_logits,
-                                               tolerance(noise),
+                                               equivalence.bf16_tolerance(noise),
                                                what=f"{family}: engine, prompt of "
                                                     f"{len(prompt)}"))
     del engine, model

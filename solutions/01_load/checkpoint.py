@@ -1,5 +1,5 @@
-"""Load a checkpoint (Llama, Mistral, Qwen2, Qwen3) in Hugging Face layout and check that it is the model config.json
-describes, tensor by tensor, before any kernel touches it.
+"""Load a checkpoint (Llama, Mistral, Qwen2, Qwen3) in Hugging Face layout and check that it
+is the model config.json describes, tensor by tensor, before any kernel touches it.
 
 A checkpoint is either one file, model.safetensors, or shards with an index:
 

@@ -3,9 +3,9 @@
 The oracle is transformers' model of the same family holding the same weights
 (course.testing.fixtures): Llamas with GQA and tied embeddings, Llama-3 rope scaling with
 untied embeddings, and odd sizes with plain multi-head attention; a Qwen2 (q/k/v bias) and a
-Qwen3 (per-head q/k norm) whose heads are not hidden / heads wide. On the CPU everything runs in float32 and must agree to float32
-rounding; on a GPU (bf16) within bf16 tolerance, measured by the relative error of each
-layer's output (course.testing.equivalence).
+Qwen3 (per-head q/k norm) whose heads are not hidden / heads wide. On the CPU everything runs
+in float32 and must agree to float32 rounding; on a GPU (bf16) within bf16 tolerance, measured
+by the relative error of each layer's output (course.testing.equivalence).
 """
 from __future__ import annotations
 
