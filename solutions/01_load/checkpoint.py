@@ -59,7 +59,7 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         model.layers.{i}.self_attn.q_norm.weight         [head_dim]
         model.layers.{i}.self_attn.k_norm.weight         [head_dim]
     """
-    # BEGIN SOLUTION: build the dict above from config's sizes, one group per layer
+    # BEGIN SOLUTION: build the dict above from config's sizes, one group per layer (with the family's biases and q/k norms)
     h, hd = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     inter = config.intermediate_size

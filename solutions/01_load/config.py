@@ -135,7 +135,7 @@ def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
     - eos_token_id may be an int, a list (Llama 3 stops on several) or absent/null.
     - the dtype is under "torch_dtype" (older) or "dtype" (newer); default "float32".
     """
-    # BEGIN SOLUTION: check, apply the defaults, call parse_rope, return ModelConfig(...)
+    # BEGIN SOLUTION: check, apply the defaults, call parse_rope, return ModelConfig(...) with the family's switches
     model_type = raw.get("model_type", "llama")
     if model_type not in FAMILIES:
         raise ConfigError(f"{where}: model_type {model_type!r} is not supported "

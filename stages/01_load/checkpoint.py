@@ -59,8 +59,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         model.layers.{i}.self_attn.q_norm.weight         [head_dim]
         model.layers.{i}.self_attn.k_norm.weight         [head_dim]
     """
-    # TODO stage 01: build the dict above from config's sizes, one group per layer (about 27 lines)
-    raise NotImplementedError("TODO stage 01: build the dict above from config's sizes, one group per layer (about 27 lines)")
+    # TODO stage 01: build the dict above from config's sizes, one group per layer (with the family's biases and q/k norms) (about 27 lines)
+    raise NotImplementedError("TODO stage 01: build the dict above from config's sizes, one group per layer (with the family's biases and q/k norms) (about 27 lines)")
 
 
 def read_weight_map(index: Path) -> dict[str, str]:

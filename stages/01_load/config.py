@@ -111,8 +111,8 @@ def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
     - eos_token_id may be an int, a list (Llama 3 stops on several) or absent/null.
     - the dtype is under "torch_dtype" (older) or "dtype" (newer); default "float32".
     """
-    # TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 34 lines)
-    raise NotImplementedError("TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 34 lines)")
+    # TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) with the family's switches (about 34 lines)
+    raise NotImplementedError("TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) with the family's switches (about 34 lines)")
 
 
 EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
