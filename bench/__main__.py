@@ -1,16 +1,17 @@
 """The benchmark: this engine beside transformers on the same weights, the same GPU, one run.
 
     python3 -m bench [--out DIR] [--json FILE] [--only W1,W2] [--skip-hf] [--quick]
-                     [--hf-cache static|dynamic] [--model DIR] [--budget S]
+                     [--hf-cache static|dynamic] [--shape NAME | --model DIR] [--budget S]
     nox -s bench -- ...                   (the same, in the course's environment)
     nox -s bench-plot -- DIR/bench.json   (PNG plots of it, on any machine)
 
 Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
 
-Model: random bf16 weights with Llama-3.2-1B-Instruct's exact shapes (bench.engine.SHAPES),
-or a real checkpoint with --model DIR. Random weights never stop early; every side ignores
-EOS anyway, so every request runs to its max tokens. Workloads (--only picks; bench.workloads
-defines them):
+Model: random bf16 weights with Llama-3.2-1B-Instruct's exact shapes, or another model's with
+--shape (bench.engine.SHAPES: qwen3-0.6b is nano-vllm's benchmark model, qwen2.5-0.5b,
+smollm2-135m, mistral-7b), or a real checkpoint with --model DIR. Random weights never stop
+early; every side ignores EOS anyway, so every request runs to its max tokens. Workloads
+(--only picks; bench.workloads defines them):
 
   offline   nano-vllm's workload: 256 requests, prompt and output lengths uniform in
             [100, 1024]; output tok/s. Ours: all requests added at once (continuous batching).
@@ -34,8 +35,8 @@ else the dynamic cache; the output names which. Compile and CUDA-graph capture h
 warm-ups, never timed, and --budget stops starting transformers' workloads once the run has
 taken that long (the summary says which were skipped). Results go to JSON (bench.results):
 GPU, driver, torch, CUDA and transformers versions, date, commit, every number; the summary
-(bench.report) prints each workload as ours vs transformers and says by how much each of issue
-11's targets (bench.targets) is missed.
+(bench.report) prints each workload as ours vs transformers and says, for each of the engine's
+goals (bench.targets), the figure and by how much it is met or missed.
 """
 from __future__ import annotations
 
@@ -84,7 +85,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 64 requests, fewer tokens and repetitions")
     p.add_argument("--model", metavar="DIR", help="a real checkpoint (HF layout) instead of "
-                                                  "random Llama-3.2-1B-shaped weights")
+                                                  "random weights")
+    p.add_argument("--shape", metavar="NAME",
+                   help="the random weights' model shape (bench.engine.SHAPES): llama-3.2-1b "
+                        "(default), qwen3-0.6b, qwen2.5-0.5b, smollm2-135m, mistral-7b")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--flush", choices=("read", "write"), default="read",
                    help="empty the L2 before each kernel-table run by reading (default) or "
@@ -104,6 +108,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                       args.hf_compile_limit)):
         if math.isnan(seconds) or seconds < 0:
             p.error(f"{flag} must be a number of seconds >= 0, got {seconds}")
+    if args.shape is not None and args.model is not None:
+        p.error("--shape and --model: give one (random weights of a shape, or a checkpoint)")
+    from bench.engine import shape_named
+    try:
+        args.shape = shape_named(args.shape or "llama-3.2-1b")
+    except ValueError as e:
+        p.error(f"--shape: {e}")
     if args.model is not None and not Path(args.model).is_dir():
         p.error(f"--model {args.model} is not a directory (a Hugging Face checkpoint folder)")
     if args.json is None and args.out is not None:
@@ -167,7 +178,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
     env = results.environment()
     random_weights = args.model is None
     model_info = {
-        "source": "random weights, Llama-3.2-1B-Instruct's shapes" if random_weights
+        "source": f"random weights, {args.shape}'s shapes" if random_weights
         else f"checkpoint {args.model}", "dtype": "bfloat16",
         "eos": ("random weights never stop early: every request runs to its max tokens (EOS "
                 "ignored)" if random_weights else
@@ -180,7 +191,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
 
     t0 = time.perf_counter()
     if random_weights:
-        hf, model, _ = build_models(SHAPES["Llama-3.2-1B"], seed=args.seed,
+        hf, model, _ = build_models(SHAPES[args.shape], seed=args.seed,
                                     max_positions=MAX_POSITIONS)
     else:
         hf, model = load_models(args.model, MAX_POSITIONS)

@@ -434,7 +434,7 @@ def flash_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 12's tiled prefill and stage 07's kernel, each beside torch SDPA's flash backend.
 
     Same shapes, inputs and FLOP count as `attention`; 'torch' is SDPBackend.FLASH_ATTENTION
-    in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the issue's target:
+    in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the goal:
     stage 12 at 50% or more of it, and 10x stage 07 or more).
     """
     for stage, module in (("12", "flash_attention"), ("07", "attention")):
@@ -467,7 +467,7 @@ def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 def decode_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 09's decode step: every sequence's whole K/V cache is read once per token.
 
-    GB/s counts the K and V bytes read (q and out are under 0.5% of them): the issue's target
+    GB/s counts the K and V bytes read (q and out are under 0.5% of them): the goal
     is 80% of the copy bandwidth at 64 x 1024. Sequence b owns slot b and every slot is full,
     so torch's SDPA (enable_gqa) reads the same cache through views, with no gather copy.
     """
@@ -539,7 +539,7 @@ def _paged_case(ops: Ops, fn: Callable | None, why: str | None, B: int, S: int,
 def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 14's decode step over a paged cache (blocks of 16, shuffled over the pool).
 
-    GB/s counts the K and V bytes read, as for decode_attention: the issue's target is 85% of
+    GB/s counts the K and V bytes read, as for decode_attention: the goal is 85% of
     the copy bandwidth at 64 x 1024 and 256 x 512 (the single pass) and 70% at 1 x 32768
     (split-K). Beside it, torch's SDPA (enable_gqa) on a contiguous cache of the same shapes
     holding the same keys: the speed a paged layout has to match. 1 x 512 and 1 x 2048 are a

@@ -102,7 +102,7 @@ def kernels_table(doc: dict) -> str:
     k = doc.get("kernels")
     if not k:
         return ""
-    # documents from before the fifth session have no l2_flush: they flushed by writing
+    # a document without l2_flush comes from the older method: a flush by writing
     flush = k.get("l2_flush", "write")
     rows = [f"Kernels (medians, cold L2 by a {flush} flush): share of the 1 GiB copy's bandwidth "
             "and of a copy of the same bytes (the ceiling at that size); speedup = torch us / "
@@ -164,7 +164,7 @@ def targets_table(doc: dict) -> str:
     checks = targets.check(doc) or doc.get("targets")
     if not checks:
         return ""
-    return "\n".join(["Targets (issue 11, one H200):", "| target | result |", "|---|---|"]
+    return "\n".join(["Goals (set for one H200):", "| goal | result |", "|---|---|"]
                      + [f"| {c['target']} | {c['text']} |" for c in checks])
 
 
