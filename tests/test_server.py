@@ -1,0 +1,257 @@
+"""`python3 -m solutions.engine serve`: a real server process on a free port, a tiny random
+Llama with a word tokenizer (every id is a word "wN"), driven by the official `openai` client.
+
+The oracle of every greedy answer is the prompt's greedy tokens run alone by stage 09's
+generate_greedy (course.testing.fixtures.Solo), in this process, not by the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from course import parts
+from course.testing import fixtures
+
+ROOT = Path(__file__).resolve().parent.parent
+EOS = 2                           # config.json's eos_token_id, <|im_end|> in the tokenizer
+WORDS = ["[UNK]", "<|im_start|>", "<|im_end|>"] + [f"w{i}" for i in range(3, 211)]
+MODEL = "tiny"                    # the served name: the model directory's name
+START_TIMEOUT_S = 180             # generous: CI is a loaded 2-core machine
+
+
+def write_model(directory: Path) -> None:
+    """gqa_tied (vocab 211) and a word-level tokenizer.json covering every id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    fixtures.save_tiny_llama(directory, "gqa_tied")
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(directory / "tokenizer.json"))
+
+
+class Server:
+    """A server process; `port` once it has said where it listens."""
+
+    def __init__(self, model_dir: Path, *options: str):
+        cmd = [sys.executable, "-m", "solutions.engine", "serve", "--model", str(model_dir),
+               "--port", "0", "--device", "cpu", "--log-level", "warning", *options]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        self.log: list[str] = []
+        self._ready = threading.Event()
+        self.port = 0
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(START_TIMEOUT_S) or not self.port:
+            self.proc.kill()
+            pytest.fail("the server did not start:\n" + "".join(self.log))
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if line.startswith("serving ") and not self.port:
+                self.port = int(line.split("/v1")[0].rsplit(":", 1)[1])
+                self._ready.set()
+        self._ready.set()
+
+    def client(self, key: str = "none", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key=key,
+                             max_retries=0, timeout=120, **kw)
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict | None = None) -> tuple[int, dict, dict]:
+        """(status, headers, JSON body) of one plain HTTP request."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        return r.status, dict(r.getheaders()), json.loads(data)
+
+    def health(self) -> dict:
+        return self.request("GET", "/health")[2]
+
+    def stop(self) -> int:
+        """SIGTERM, as a service manager would; the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail("the server did not exit within 120 s of SIGTERM:\n" + "".join(self.log))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("models") / MODEL
+    d.mkdir()
+    write_model(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    config = parts.load("01", "config").load_config(model_dir)
+    weights = parts.load("01", "checkpoint").load_checked(model_dir, config)
+    return parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def solo(model) -> fixtures.Solo:
+    return fixtures.Solo(model, max_new=24)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    s = Server(model_dir)
+    yield s
+    assert s.stop() == 0, "the server's exit status after SIGTERM:\n" + "".join(s.log)
+
+
+def words(ids: list[int]) -> str:
+    """The text the word tokenizer gives ids (end-of-sequence and other specials hidden)."""
+    return "".join(" " + WORDS[t] for t in ids if t > EOS)
+
+
+def prompt_ids(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, len(WORDS)) for _ in range(n)]
+
+
+def until(predicate, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.05)
+    return value
+
+
+# ----------------------------------------------------------------------------- answers
+
+def test_models_and_health(server):
+    assert [m.id for m in server.client().models.list().data] == [MODEL]
+    h = server.health()
+    assert h["status"] == "ok" and h["running"] == 0 and h["waiting"] == 0, h
+
+
+def test_completion_whole_and_streamed_are_the_greedy_tokens(server, solo):
+    prompt = prompt_ids(1, 7)
+    want = solo(prompt, 12, eos={EOS})
+    client = server.client()
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"return_token_ids": True})
+    got = whole.choices[0].model_extra["token_ids"]
+    assert got == want, f"tokens {got}, alone they are {want}"
+    assert whole.choices[0].text == words(want)
+    assert whole.choices[0].finish_reason == ("stop" if want[-1] == EOS else "length")
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (7, len(want))
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"return_token_ids": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want)
+    streamed = [t for c in chunks[:-1] for t in c.choices[0].model_extra["token_ids"]]
+    assert streamed == want
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == words(want)
+    assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == \
+        whole.choices[0].finish_reason
+
+
+def test_chat_whole_and_streamed_agree(server):
+    client = server.client()
+    messages = [{"role": "system", "content": "w7 w8"}, {"role": "user", "content": "w5 w6"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                           max_completion_tokens=10)
+    reply = whole.choices[0].message
+    assert reply.role == "assistant" and reply.content.split() and whole.usage.prompt_tokens > 4
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, temperature=0,
+                                                 max_tokens=10, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_a_stop_string_ends_the_text_before_it(server, solo):
+    prompt = prompt_ids(2, 5)
+    full = words(solo(prompt, 24, eos={EOS}))
+    stop = next(f" {w} " for w in full.split()[2:] if full.find(f" {w} ") > 0)
+    got = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                             temperature=0, stop=[stop, "w999"])
+    assert got.choices[0].text == full[:full.find(stop)]
+    assert got.choices[0].finish_reason == "stop"
+
+
+def test_the_context_ends_a_reply_with_length(server):
+    long_prompt = prompt_ids(3, 250)           # the tiny model has 256 positions
+    got = server.client().completions.create(model=MODEL, prompt=long_prompt, max_tokens=100,
+                                             temperature=0, extra_body={"ignore_eos": True})
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.completion_tokens < 100
+
+
+def test_a_seed_replays_and_n_gives_seeded_choices(server):
+    client = server.client()
+    ask = dict(model=MODEL, prompt=prompt_ids(4, 6), max_tokens=8, temperature=1.5,
+               extra_body={"return_token_ids": True, "ignore_eos": True})
+
+    def tokens(**kw):
+        return [c.model_extra["token_ids"] for c in client.completions.create(**ask, **kw).choices]
+
+    first, again, other = tokens(seed=11), tokens(seed=11), tokens(seed=12)
+    assert first == again, "the same seed sampled different tokens"
+    assert tokens(seed=11, n=2) == first + other, "choice i samples with seed + i"
+    two = client.completions.create(**ask, n=2)
+    assert sorted(c.index for c in two.choices) == [0, 1]
+
+
+def test_64_concurrent_streams_each_get_their_greedy_tokens(server, model):
+    """Continuous batching across clients: every stream gets exactly what it gets alone.
+    16 prompts (the oracle runs each alone, which is slow on a CPU), 4 clients each, asking
+    for different lengths: the streams start and end at different steps."""
+    solo = fixtures.Solo(model, max_new=8)
+    asks = [(prompt_ids(100 + i % 16, 3 + i % 16), 2 + (i // 16) * 2 - i % 2)
+            for i in range(64)]
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none",
+                                max_retries=0, timeout=300)
+
+    async def one(prompt, max_tokens):
+        stream = await client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+            extra_body={"return_token_ids": True})
+        return [t async for c in stream for t in c.choices[0].model_extra["token_ids"]]
+
+    async def everyone():
+        async with client:
+            return await asyncio.gather(*(one(p, m) for p, m in asks))
+
+    got = asyncio.run(everyone())
+    wrong = [i for i, (p, m) in enumerate(asks) if got[i] != solo(p, m, eos={EOS})]
+    assert not wrong, f"{len(wrong)} of 64 streams differ from their prompt alone, e.g. " \
+                      f"{wrong[0]}: {got[wrong[0]]} vs {solo(*asks[wrong[0]], eos={EOS})}"
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_request(server):
+    before = server.health()["aborted"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": MODEL, "prompt": prompt_ids(5, 4), "max_tokens": 240, "ignore_eos": True,
+        "temperature": 0, "stream": True}), headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")
+    conn.close()                         # gone after the first token of 240
+    h = until(lambda: (h := server.health())["aborted"] > before and h["running"] == 0
+              and h["waiting"] == 0 and h, "the request to be aborted")
+    assert h["kv_cache_used"] == 0, f"its cache was not freed: {h}"
