@@ -116,13 +116,11 @@ class AsyncEngine:
 
     async def add(self, jobs: list[tuple[list[int], SamplingParams]]) -> RequestStream:
         """Queue one client's requests (prompt ids, params) together; their stream once the
-        engine has taken them all. Overloaded when they do not fit; ValueError or TypeError
+        engine has taken them all. Overloaded when they do not fit now (the caller sees
+        that they fit an idle engine: `capacity`); ValueError or TypeError
         (the engine's sentence) when the engine refuses one, and then none is kept."""
         if not self._running:
             raise Overloaded("the server is shutting down")
-        if len(jobs) > self.capacity:
-            raise ValueError(f"{len(jobs)} choices in one request, more than the "
-                             f"{self.capacity} requests this server holds at once")
         if self._held + len(jobs) > self.capacity:
             raise Overloaded(f"the server holds {self._held} requests and takes at most "
                              f"{self.capacity}")
