@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from solutions.engine.llm_engine import LLMEngine, RequestOutput, SamplingParams
 
 IDLE_WAIT_S = 0.5   # an idle thread wakes this often to notice stop() even without a command
+SWITCH_INTERVAL_S = 0.0005
 
 
 class Overloaded(Exception):
@@ -58,7 +59,9 @@ class RequestStream:
         self.request_ids: list[int | None] = [None] * size   # the engine's, once it took them
         self.index: dict[int, int] = {}
         self.unfinished: set[int] = set()
-        self._queue: asyncio.Queue = asyncio.Queue()
+        # what arrived and was not read yet; one wake-up per delivery, not per token
+        self._arrived: list[RequestOutput | BaseException] = []
+        self._ready = asyncio.Event()
 
     def bind(self, index: int, request_id: int) -> None:
         self.request_ids[index] = request_id
@@ -66,13 +69,14 @@ class RequestStream:
         self.unfinished.add(request_id)
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
+        self._arrived.append(item)
+        self._ready.set()
 
     async def __aiter__(self) -> AsyncIterator[list[tuple[int, RequestOutput]]]:
         while self.unfinished:
-            items = [await self._queue.get()]
-            while not self._queue.empty():
-                items.append(self._queue.get_nowait())
+            await self._ready.wait()
+            self._ready.clear()
+            items, self._arrived = self._arrived, []
             failed = next((x for x in items if isinstance(x, BaseException)), None)
             if failed is not None:
                 self.unfinished.clear()
@@ -101,7 +105,12 @@ class AsyncEngine:
         self._running = False
 
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will await the streams."""
+        """Start the engine thread; call from the event loop that will await the streams.
+
+        It also shortens the interpreter's switch interval (for the whole process): the
+        engine thread, back from waiting on the GPU, waits for the GIL while the event loop
+        runs Python, and with the default 5 ms the GPU would idle that long each step."""
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._loop = asyncio.get_running_loop()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
