@@ -452,3 +452,33 @@ def test_fuzzed_bodies_get_an_answer_or_a_400_and_leave_the_server_sound(server,
     got = server.client().completions.create(model=MODEL, prompt=prompt, max_tokens=6,
                                              temperature=0, extra_body={"return_token_ids": True})
     assert got.choices[0].model_extra["token_ids"] == solo(prompt, 6, eos={EOS})
+
+
+# ----------------------------------------------------------------------------- the command
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "/nonexistent/model"], "does not exist"),
+    (["--port", "70000"], "--port"),
+    (["--max-waiting", "-1"], "--max-waiting"),
+    (["--host", "256.0.0.1"], "cannot listen"),
+], ids=["no-model", "bad-port", "bad-waiting", "bad-host"])
+def test_bad_serve_options_are_one_line(capsys, argv, needle):
+    from solutions.engine import __main__ as cli
+    try:
+        code = cli.main(["serve", "--port", "0", "--device", "cpu", *argv])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], \
+        (code, err)
+
+
+def test_a_port_in_use_is_one_line_before_the_model_loads(capsys, tmp_path):
+    from solutions.engine import __main__ as cli
+    from solutions.engine.serve_cli import listen
+    with listen("127.0.0.1", 0) as taken:
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code = cli.main(["serve", "--port", port, "--model", str(tmp_path / "absent")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"127.0.0.1:{port}" in err[0], (code, err)

@@ -109,7 +109,9 @@ class AsyncEngine:
 
         It also shortens the interpreter's switch interval (for the whole process): the
         engine thread, back from waiting on the GPU, waits for the GIL while the event loop
-        runs Python, and with the default 5 ms the GPU would idle that long each step."""
+        runs Python, and with the default 5 ms the GPU would idle that long each step.
+        stop() puts the interval back."""
+        self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._loop = asyncio.get_running_loop()
         self._running = True
@@ -122,6 +124,7 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+            sys.setswitchinterval(self._switch_interval)
 
     async def add(self, jobs: list[tuple[list[int], SamplingParams]]) -> RequestStream:
         """Queue one client's requests (prompt ids, params) together; their stream once the
