@@ -482,3 +482,79 @@ def test_a_port_in_use_is_one_line_before_the_model_loads(capsys, tmp_path):
         code = cli.main(["serve", "--port", port, "--model", str(tmp_path / "absent")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"127.0.0.1:{port}" in err[0], (code, err)
+
+
+def test_a_client_that_leaves_before_a_whole_answer_aborts_it(server):
+    before = server.health()["aborted"]
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({
+        "model": MODEL, "prompt": prompt_ids(7, 4), "max_tokens": 240, "ignore_eos": True,
+        "temperature": 0}), headers={"Content-Type": "application/json"})
+    until(lambda: server.health()["running"] == 1, "the request to run")
+    conn.close()
+    until(lambda: (h := server.health())["aborted"] > before and h["running"] == 0,
+          "the request to be aborted")
+
+
+# ----------------------------------------------------------------------------- the engine thread
+
+class FlakyEngine:
+    """A stand-in LLMEngine: each step gives every request one token (id 7); a step raises
+    while `fail` is set."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.requests: dict[int, list[int]] = {}
+        self.fail, self.next_id = False, 0
+        self.scheduler = SimpleNamespace(running=[], waiting=[], allocator=SimpleNamespace(
+            num_used_blocks=0, num_total_blocks=1))
+
+    def add_request(self, prompt_ids, params) -> int:
+        self.next_id += 1
+        self.requests[self.next_id] = [params.max_tokens, 0]
+        return self.next_id
+
+    def abort(self, request_id: int) -> None:
+        self.requests.pop(request_id, None)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def step(self):
+        from solutions.engine.llm_engine import RequestOutput
+        time.sleep(0.002)
+        if self.fail:
+            raise RuntimeError("device lost")
+        out = []
+        for rid, r in list(self.requests.items()):
+            r[1] += 1
+            out.append(RequestOutput(rid, "", [7], r[1] == r[0], "max_tokens" if r[1] == r[0]
+                                     else None))
+            if r[1] == r[0]:
+                del self.requests[rid]
+        return out
+
+
+def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
+    from solutions.engine.async_engine import AsyncEngine
+    from solutions.engine.openai_protocol import SamplingParams
+    fake = FlakyEngine()
+
+    async def scenario():
+        serving = AsyncEngine(fake, capacity=4)
+        serving.start()
+        try:
+            fake.fail = True
+            stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 2)
+            with pytest.raises(RuntimeError, match="device lost"):
+                async for _ in stream:
+                    pass
+            fake.fail = False
+            stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 4)
+            got = [out.new_token_ids[0] async for batch in stream for _, out in batch]
+            assert got == [7] * 12, got
+            return serving._held
+        finally:
+            serving.stop()
+
+    assert asyncio.run(scenario()) == 0, "every request was let go of"
