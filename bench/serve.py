@@ -75,7 +75,8 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
 
 def run_clients(port: int, requests: list[Request], clients: int) -> list[dict]:
     """Start the client processes, let them go together, gather their records in order."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}   # keep carried packages
     procs, shares = [], [list(range(i, len(requests), clients)) for i in range(clients)]
     for share in shares:
         p = subprocess.Popen([sys.executable, "-m", "bench.serve", "--clients", str(port)],

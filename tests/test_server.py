@@ -48,7 +48,8 @@ class Server:
     def __init__(self, model_dir: Path, *options: str):
         cmd = [sys.executable, "-m", "solutions.engine", "serve", "--model", str(model_dir),
                "--port", "0", "--device", "cpu", "--log-level", "warning", *options]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         self.log: list[str] = []
