@@ -200,6 +200,10 @@ def test_the_context_ends_a_reply_with_length(server):
                                              temperature=0, extra_body={"ignore_eos": True})
     assert got.choices[0].finish_reason == "length"
     assert got.usage.completion_tokens < 100
+    full = server.client().completions.create(model=MODEL, prompt=prompt_ids(3, 256),
+                                              temperature=0, extra_body={"ignore_eos": True})
+    assert (full.choices[0].finish_reason, full.usage.completion_tokens) == ("length", 1), \
+        "no max_tokens: the rest of the context, and a prompt that fills it gets one token"
 
 
 def test_a_seed_replays_and_n_gives_seeded_choices(server):

@@ -181,19 +181,19 @@ class AsyncEngine:
     def _run(self) -> None:
         engine = self.engine
         while self._running:
-            self._take_commands()
-            if engine.has_unfinished():
-                try:
-                    outputs = engine.step()
-                except Exception as e:   # a bug or a device error: fail what runs, keep serving
-                    traceback.print_exc(file=sys.stderr)
-                    self._fail_all(e)
+            try:
+                self._take_commands()
+                if not engine.has_unfinished():
+                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.clear()
                     continue
-                if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
-            else:
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
+                outputs = engine.step()
+            except Exception as e:   # a bug or a device error: fail what runs, keep serving
+                traceback.print_exc(file=sys.stderr)
+                self._fail_all(e)
+                continue
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
         for request_id in list(engine.requests):
             engine.abort(request_id)
 
@@ -209,7 +209,7 @@ class AsyncEngine:
             _, prompt_ids, params, ticket = command
             try:
                 result = self.engine.add_request(prompt_ids, params)
-            except (ValueError, TypeError) as e:
+            except Exception as e:   # ValueError / TypeError: refused (400); else a bug (500)
                 result = e
             self._loop.call_soon_threadsafe(self._settle, ticket, result)
         self._publish_stats()

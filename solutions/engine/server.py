@@ -106,7 +106,8 @@ def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
             except (ValueError, TypeError) as e:
                 raise api.APIError(400, str(e), where) from None
             prompt_tokens += len(ids)
-            jobs += [(ids, req.params(i, max_len - len(ids))) for i in range(req.n)]
+            # default: the rest of the context (a prompt that fills it still gets its token)
+            jobs += [(ids, req.params(i, max(1, max_len - len(ids)))) for i in range(req.n)]
         if len(jobs) > serving.capacity:
             raise api.APIError(400, f"{len(jobs)} choices in one request, more than the "
                                     f"{serving.capacity} requests this server holds", "n")
