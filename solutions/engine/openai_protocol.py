@@ -1,9 +1,10 @@
 """OpenAI's HTTP API as this engine speaks it: request bodies checked, response bodies built.
 
-    request = parse_request(body, chat=True)     # APIError(400) naming the field if wrong
-    params = request.sampling(max_tokens_default=1000, choice=0)
-    completion(request, "chat", model, choices, usage)   # a whole response's body
-    chunk(request, "chat", model, index, text, ...)      # one server-sent event's body
+    request = parse_request(body, chat=True)    # APIError(400) naming the field if wrong
+    params = request.params(choice=0, max_tokens=1000)  # SamplingParams (1000: the default)
+    part = choice(request, 0, text, token_ids, "eos", delta=False)
+    response(request, [part], usage(prompt_tokens, completion_tokens))   # a whole answer
+    response(request, [part], None, chunk=True)  # one server-sent event's body
 
 Supported: /v1/chat/completions (`messages`) and /v1/completions (`prompt`: a string, token
 ids, or a list of either), `max_tokens` (`max_completion_tokens` for chat), `temperature`,
