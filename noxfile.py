@@ -88,6 +88,14 @@ def generate(session: nox.Session) -> None:
 
 
 @nox.session
+def serve(session: nox.Session) -> None:
+    """OpenAI's HTTP API over the reference engine: nox -s serve -- [--model DIR] [--port 8000]
+    [--host 127.0.0.1] [--api-key KEY] [--max-model-len N] [--device auto|cpu|cuda]
+    (python3 -m solutions.engine serve; docs/serving.md)."""
+    _run(session, "-m", "solutions.engine", "serve", *session.posargs)
+
+
+@nox.session
 def build(session: nox.Session) -> None:
     """Build every kernel for this machine's GPU (python3 -m grader compile-check --archs NN
     for other architectures). Objects are cached, so a one-kernel edit rebuilds in seconds."""

@@ -25,6 +25,9 @@ early; every side ignores EOS anyway, so every request runs to its max tokens. W
   prefix    256 requests sharing a 1,000-token system prompt, 64 new tokens each: ours with
             prefix caching on and off (the median of 3 runs, each with its own system
             prompt), transformers in one padded batch.
+  serve     offline's requests as concurrent streaming clients of the OpenAI-compatible
+            server (bench.serve): output tok/s and its share of offline's in the same run,
+            time to first token and inter-token latency (p50, p99).
   kernels   bench.kernels' table: every op beside torch's, GB/s or TFLOP/s, share of the
             measured copy bandwidth and of a copy of the same bytes.
   profile   bench.profile at batch 1 and 256: each kernel's GPU time in one decode step, what
@@ -59,7 +62,7 @@ if TYPE_CHECKING:   # torch loads when a run starts; parts.load names a stage fo
     LlamaModel = parts.load("08", "model").LlamaModel
 
 ENGINE_WORKLOADS = ("offline", "batch1", "sweep", "ttft", "prefix")
-ALL = ENGINE_WORKLOADS + ("kernels", "profile")
+ALL = ENGINE_WORKLOADS + ("serve", "kernels", "profile")
 HF_ORDER = ("batch1", "offline", "sweep", "ttft", "prefix")  # skipped from the end first
 HF_DYNAMIC_OFFLINE_NEW = 256      # the dynamic cache is host-bound: cap each request there
 MAX_POSITIONS = W.TTFT_PROMPT + 64
@@ -206,6 +209,8 @@ def run(args: argparse.Namespace, started: float) -> dict:
         doc["kernels"] = kernel_table(timer, copy_gbs, copy_t, args.quick)
     engine_work = [w for w in args.workloads if w in ENGINE_WORKLOADS]
     measured = measure_ours(model, engine_work, plan, copy_gbs * 1e9)
+    served = measure_serve(model, plan, measured.get("offline")) \
+        if "serve" in args.workloads else None
     if "profile" in args.workloads:
         doc["profile"] = profile(model, copy_gbs * 1e9)
         release()       # the profile's engines: their pools go back before transformers runs
@@ -222,7 +227,28 @@ def run(args: argparse.Namespace, started: float) -> dict:
         measured["skipped_hf"] = skipped_hf
         skipped = None
     doc["workloads"] = sections(engine_work, plan, measured, theirs, skipped)
+    if served is not None:
+        doc["workloads"]["serve"] = served
     return doc
+
+
+def measure_serve(model: LlamaModel, plan: Plan, offline: tuple[float, int] | None) -> dict:
+    """The serve section: offline's requests through the HTTP server (bench.serve)."""
+    from bench import serve
+    log("\nthe OpenAI-compatible server (bench.serve):")
+    reqs = W.offline(plan.requests, model.config.vocab_size)
+    why = serve.not_runnable()
+    if why is not None:
+        log(f"  serve: {why}")
+        return serve.skipped_section(len(reqs), why)
+    raw = serve.measure(model, reqs, 2 * W.OFFLINE_LENGTHS[1], describe=lambda s: log("  " + s))
+    section = serve.section(reqs, raw, offline and offline[1] / offline[0],
+                            serve.transformers_skipped())
+    o, share = section["ours"], section["share_of_offline"]
+    log(f"  serve: {o['tokens']} tokens in {o['seconds']:.2f} s = {o['tok_s']:,.0f} tok/s"
+        + ("" if share is None else f", {100 * share:.0f}% of offline")
+        + f"; TTFT p50 {o['ttft_ms']['p50']:.1f} ms, ITL p50 {o['itl_ms']['p50']:.1f} ms")
+    return section
 
 
 def kernel_table(timer: Timer, copy_gbs: float, copy_t: Timing, quick: bool) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import results, targets
+from bench import results, serve, targets
 
 HF = "transformers"
 
@@ -170,7 +170,8 @@ def targets_table(doc: dict) -> str:
 
 def summary(doc: dict) -> str:
     """Every table of the document that has numbers, separated by blank lines."""
-    parts = [header(doc), workloads_table(doc), sweep_table(doc), targets_table(doc),
+    parts = [header(doc), workloads_table(doc), sweep_table(doc), serve.table(doc),
+             targets_table(doc),
              profile_table(doc), kernels_table(doc)]
     return "\n\n".join(p for p in parts if p)
 

