@@ -70,6 +70,10 @@ def test_mine_runs_the_learners_parts_and_says_whose(tmp_path):
     broken = run(args, root)
     assert broken.returncode == 2 and "the learner's own config.py ran" in broken.stderr, \
         broken.stderr
+    served = run(["-m", "solutions.engine", "serve", "--mine", "--port", "0", "--model",
+                  str(model), "--device", "cpu"], root)
+    assert served.returncode == 2 and "the learner's own config.py ran" in served.stderr, \
+        f"serve --mine must load the learner's parts too:\n{served.stderr}"
 
 
 def test_a_script_that_loads_a_part_without_asking_is_told(tmp_path):

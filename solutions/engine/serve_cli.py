@@ -3,6 +3,7 @@
     python3 -m solutions.engine serve                       # SmolLM2 on http://127.0.0.1:8000/v1
     python3 -m solutions.engine serve --model ~/models/Llama-3.2-1B-Instruct --port 8080
     python3 -m solutions.engine serve --host 0.0.0.0 --api-key "$KEY"   # reachable, with a key
+    python3 -m solutions.engine serve --mine                # on your own parts of the stages
 
 It loads the model, binds the port (a port in use is one line "error: ...", exit 2, before
 the model loads), then serves until SIGINT / SIGTERM: it stops accepting, lets the requests in
@@ -41,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="requests queued beyond those; more get 503 (default: 256)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to run (default: cuda if available, else cpu)")
+    p.add_argument("--mine", action="store_true",
+                   help="serve your own parts (stages/) of every stage whose parts hold no TODO "
+                        "stub; the reference for the others (said on stderr)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info", help="uvicorn's logging; info logs each request")
     args = p.parse_args(argv)
@@ -55,7 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     from solutions.engine import smollm2
-    from solutions.engine.__main__ import one_line
+    from solutions.engine.__main__ import one_line, select_mine
     args = parse_args(argv)
     try:
         sock = listen(args.host, args.port)
@@ -64,6 +68,8 @@ def main(argv: list[str]) -> int:
         return 2
     with sock:
         try:
+            if args.mine:
+                select_mine()
             from solutions.engine.llm import LLM, EngineConfig
             from solutions.engine.server import build_app, ids_only
             model_dir = args.model if args.model is not None else smollm2.ensure_model()

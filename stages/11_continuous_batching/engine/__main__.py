@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def select_mine() -> None:
+    """--mine: the learner's parts of every finished stage, said on stderr (course/parts.py)."""
+    from course import parts
+    print(f"tiny-vllm: {parts.describe_selection(parts.select_mine())}", file=sys.stderr)
+
+
 def one_line(error: BaseException) -> str:
     return " ".join(line.strip() for line in str(error).splitlines() if line.strip()) \
         or type(error).__name__
@@ -134,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.mine:
-            from course import parts
-            print(f"tiny-vllm: {parts.describe_selection(parts.select_mine())}", file=sys.stderr)
+            select_mine()
         # inside the try: importing the engine loads the parts of $TINYVLLM_STUDENT's stages,
         # and a wrong stage id or a missing part file there is a one-line error too
         from solutions.engine.llm import LLM, EngineConfig, SamplingParams
