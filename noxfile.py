@@ -90,7 +90,7 @@ def generate(session: nox.Session) -> None:
 @nox.session
 def serve(session: nox.Session) -> None:
     """OpenAI's HTTP API over the reference engine: nox -s serve -- [--model DIR] [--port 8000]
-    [--host 127.0.0.1] [--api-key KEY] [--max-model-len N] [--device auto|cpu|cuda]
+    [--host 127.0.0.1] [--api-key KEY] [--max-model-len N] [--device auto|cpu|cuda] [--mine]
     (python3 -m solutions.engine serve; docs/serving.md)."""
     _run(session, "-m", "solutions.engine", "serve", *session.posargs)
 
