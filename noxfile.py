@@ -82,8 +82,17 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def generate(session: nox.Session) -> None:
     """Run the reference engine: nox -s generate -- "What is the capital of France?"
-    [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] (python3 -m solutions.engine)."""
+    [--raw] [--json] [--max-tokens N] [--temperature T] [--model DIR] [--mine: on your own parts]
+    (python3 -m solutions.engine)."""
     _run(session, "-m", "solutions.engine", *session.posargs)
+
+
+@nox.session
+def serve(session: nox.Session) -> None:
+    """OpenAI's HTTP API over the reference engine: nox -s serve -- [--model DIR] [--port 8000]
+    [--host 127.0.0.1] [--api-key KEY] [--max-model-len N] [--device auto|cpu|cuda] [--mine]
+    (python3 -m solutions.engine serve; docs/serving.md)."""
+    _run(session, "-m", "solutions.engine", "serve", *session.posargs)
 
 
 @nox.session
@@ -110,6 +119,19 @@ def bench_plot(session: nox.Session) -> None:
     session.install("-q", "-c", str(environment.CONSTRAINTS), "matplotlib")
     session.run("python", "-m", "bench.plot", *session.posargs,
                 env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The course website (MkDocs, Material): README, every lesson in course order, docs/.
+    Builds it strictly into build/site (a broken link or a missing page fails the build);
+    `nox -s docs -- serve` serves it at http://127.0.0.1:8000 and rebuilds on every edit
+    (python3 -m mkdocs build | serve)."""
+    args = list(session.posargs)
+    command = ["serve", *args[1:]] if args[:1] == ["serve"] else ["build", "--strict", *args]
+    # NO_MKDOCS_2_WARNING: Material's banner about the theme's future, printed on every build
+    session.run(_python(session), "-m", "mkdocs", *command, external=True,
+                env={"PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(name="sync-stages")

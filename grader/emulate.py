@@ -22,7 +22,7 @@ TESTS = {
     "07": "prefill_attention_kernel", "08": "silu_mul_kernel",
     "09": "decode_attention_kernel",
     "12": "flash_attention_simple_kernel or flash_attention_kernel",
-    "13": "cache_write_kernel", "14": "paged_attention_kernel",
+    "13": "cache_write_kernel", "14": "paged_attention_kernel or partition_rule",
 }
 
 

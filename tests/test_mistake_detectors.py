@@ -249,9 +249,17 @@ def test_stage_12_replays_are_attention_and_its_mistakes():
 S14 = {
     "column": "not in column j",
     "modulo": "this output matches h % n_kv_heads",
+    "values": "scores right but values wrong",
+    "scale": "must be multiplied by scale",
+    "last_dropped": "were left out",
+    "last_whole": "it was read whole",
+    "k_end_single": "a block takes the whole context",
+    "k_end_split": "k_end is not clipped",
     "no_rescale": "without the exp",
     "plain": "plain average of the partitions",
-    "nan": "NaN in the output",
+    "empty_warp": "of the 4 warps saw no key",
+    "long_rows": "sequences longer than one partition",
+    "nan": "NaN inside rows",
 }
 
 
@@ -292,18 +300,25 @@ def test_stage_14_names_each_paged_mistake():
     assert pg.block_tables.shape[1] >= 150
     phrases = list(S14.values())
 
-    def cause(got, paged=pg, part=partition):
+    def cause(got, paged=pg, part=partition, kernel="fast"):
+        """The failure's "likely cause" line as check_paged writes it ("" when it passes)."""
         with _OnTheCpu():
-            return t14.likely_cause(got.bfloat16(), paged, scale, part)
+            try:
+                t14.check_paged(got.bfloat16(), t14.sdpa_oracle(paged, scale), paged.q, paged.k,
+                                paged.v, paged.tables, paged.lens, scale, kernel=kernel,
+                                partition=part, what="out")
+            except AssertionError as e:
+                return str(e).partition("likely cause: ")[2]
+            return ""
 
     def oracle(paged=pg, **change):
         with _OnTheCpu():
-            return t14.sdpa_oracle(paged, scale, **change)
+            return t14.attend(paged.q, paged.k, paged.v, paged.tables, paged.lens,
+                              change.pop("scale", scale), **change)
 
     right = oracle()
     for part in (0, partition):
-        _names_only(cause(right, part=part), None, phrases)
-        assert "compare with paged_decode_attention_native" in cause(right, part=part)
+        assert cause(right, part=part) == "", "the right output must pass"
     modulo = oracle(kv_of_head=[h % 2 for h in range(8)])
     for part in (0, partition):
         _names_only(cause(modulo, part=part), S14["modulo"], phrases)
@@ -312,17 +327,41 @@ def test_stage_14_names_each_paged_mistake():
         torch.testing.assert_close(oracle(merge=name, partition=partition), wrong, rtol=1e-4,
                                    atol=1e-5)
         _names_only(cause(wrong), S14[name], phrases)
-        _names_only(cause(wrong, part=0), None, phrases)   # a single pass has no split-K
     # key j read from table column j, as the GPU test sees it (NaN where nobody owns a row),
     # then with numbers in every block
-    wrong = oracle(index=lambda j, bs: j)
+    wrong = oracle(column=lambda j, bs: j)
     assert wrong.isnan().any()
     _names_only(cause(wrong), S14["column"], phrases)
     filled = t14.Paged.__new__(t14.Paged)
     filled.__dict__ |= pg.__dict__ | dict(k=_filled(pg.k, 3), v=_filled(pg.v, 4))
-    wrong = oracle(filled, index=lambda j, bs: j)
+    wrong = oracle(filled, column=lambda j, bs: j)
     _names_only(cause(wrong, filled), S14["column"], phrases)
     _names_only(cause(oracle(filled), filled), None, phrases)
+    _names_only(cause(oracle(filled, values="k"), filled), S14["values"], phrases)
+    _names_only(cause(oracle(scale=1.0)), S14["scale"], phrases)
+    _names_only(cause(oracle(keys=lambda n: n - n % 4 if n > 4 else n)), S14["last_dropped"],
+                phrases)
+    _names_only(cause(oracle(filled, keys=lambda n: -(-n // 4) * 4), filled),
+                S14["last_whole"], phrases)
+    # the single pass's k_end = min(len, k_begin + keys): rows past 256 keys never written
+    # (NaN, the poison); split-K's k_end not clipped: the last partition reads past the length
+    with _OnTheCpu():
+        long_pg = t14.Paged(torch.Generator().manual_seed(15), [300, 9, 0, 70], 8, 2, 16,
+                            block_size=4, extra_columns=2)
+    unwritten = oracle(long_pg)
+    unwritten[0] = float("nan")
+    _names_only(cause(unwritten, long_pg, part=0), S14["k_end_single"], phrases)
+    wrong = oracle(filled, keys=lambda n: -(-n // partition) * partition)
+    _names_only(cause(wrong, filled), S14["k_end_split"], phrases)
+    # a warp that saw no key merged into NaN: the short sequence's rows (9 keys), simple kernel
+    empty = right.clone()
+    empty[1] = float("nan")
+    _names_only(cause(empty, kernel="simple", part=0), None, phrases)   # 9 keys fill 4 warps
+    _names_only(cause(empty, part=0), S14["empty_warp"], phrases)       # 9 < 4 steps of 16
+    # the merge wrong in some other way: only the rows longer than one partition
+    merged = right.clone()
+    merged[[0, 3]] *= 0.5
+    _names_only(cause(merged), S14["long_rows"], phrases)
     nan = right.clone()
     nan[3, 0, 0] = float("nan")
     _names_only(cause(nan), S14["nan"], phrases)

@@ -66,10 +66,11 @@ def shape(**fields) -> str:
 
 
 def wrong_rows(got: torch.Tensor, expected: torch.Tensor, row_dims: int = 1, *,
-               dtype: torch.dtype | None = None) -> torch.Tensor:
+               dtype: torch.dtype | None = None, atol: float | None = None,
+               rtol: float | None = None) -> torch.Tensor:
     """A bool tensor over got's first `row_dims` dims: True where any element of that row
-    differs beyond dtype's tolerance (checks.TOLERANCES)."""
-    atol, rtol = checks.tolerance(dtype or got.dtype)
+    differs beyond the tolerance (atol, rtol; by default dtype's in checks.TOLERANCES)."""
+    atol, rtol = checks.tolerance(dtype or got.dtype, atol, rtol)
     bad = checks.mismatch(got, expected, atol=atol, rtol=rtol)
     return bad.reshape(*got.shape[:row_dims], -1).any(-1)
 
@@ -83,33 +84,32 @@ def _rows_text(rows: torch.Tensor, names: Sequence[str], limit: int = 6) -> str:
     return f"{', '.join(shown)}{more} ({len(index)} of {rows.numel()})"
 
 
-def _matches(got: torch.Tensor, other: torch.Tensor, dtype: torch.dtype) -> bool:
-    atol, rtol = checks.tolerance(dtype)
+def _matches(got: torch.Tensor, other: torch.Tensor, atol: float, rtol: float) -> bool:
     return got.shape == other.shape and not checks.mismatch(got, other, atol=atol,
                                                             rtol=rtol).any()
 
 
-def _close_to(got: torch.Tensor, v: Variant, row_dims: int, dtype: torch.dtype) -> bool:
-    if v.slack == 0:
-        return _matches(got, v.output, dtype)
-    if got.shape != v.output.shape:
-        return False
-    off = wrong_rows(got, v.output, row_dims, dtype=dtype)
+def _close_to(got: torch.Tensor, v: Variant, row_dims: int, atol: float, rtol: float) -> bool:
+    """got matches v's output, but for at most v.slack of its rows."""
+    if v.slack == 0 or got.shape != v.output.shape:
+        return _matches(got, v.output, atol, rtol)
+    off = wrong_rows(got, v.output, row_dims, atol=atol, rtol=rtol)
     return int(off.sum()) <= v.slack * off.numel()
 
 
 def likely_cause(got: torch.Tensor, expected: torch.Tensor, *, row_dims: int = 1,
                  variants: Sequence[Variant] = (), suspects: Sequence[Suspect] = (),
-                 dtype: torch.dtype | None = None) -> str:
+                 dtype: torch.dtype | None = None, atol: float | None = None,
+                 rtol: float | None = None) -> str:
     """The pattern the wrong output makes and its usual cause ("" when it is right, or fits
-    no pattern); see the top for the order."""
-    dtype = dtype or got.dtype
-    bad = wrong_rows(got, expected, row_dims, dtype=dtype)
+    no pattern); see the top for the order. Tolerances as wrong_rows'."""
+    atol, rtol = checks.tolerance(dtype or got.dtype, atol, rtol)
+    bad = wrong_rows(got, expected, row_dims, atol=atol, rtol=rtol)
     if not bad.any():
         return ""
     for v in variants:
-        if v.output is not None and not _matches(v.output, expected, dtype) \
-                and _close_to(got, v, row_dims, dtype):
+        if v.output is not None and not _matches(v.output, expected, atol, rtol) \
+                and _close_to(got, v, row_dims, atol, rtol):
             return v.cause
     for s in suspects:
         rows = s.rows.cpu().bool()
@@ -132,21 +132,25 @@ def likely_cause(got: torch.Tensor, expected: torch.Tensor, *, row_dims: int = 1
 def assert_close(got: torch.Tensor, expected: torch.Tensor, *, what: str = "output",
                  shape: str = "", row_names: Sequence[str] = ("row",),
                  variants: Sequence[Variant] = (), suspects: Sequence[Suspect] = (),
-                 dtype: torch.dtype | None = None, hint: str = "") -> None:
+                 dtype: torch.dtype | None = None, atol: float | None = None,
+                 rtol: float | None = None, hint: str = "") -> None:
     """checks.assert_close, whose message also gives the case's shape, the wrong rows (over
-    got's first len(row_names) dims) and the likely cause: the pattern's, else `hint`."""
+    got's first len(row_names) dims) and the likely cause: the pattern's, else `hint`.
+    Tolerances as wrong_rows'."""
     dtype = dtype or got.dtype
     if got.shape != expected.shape:
         checks.assert_close(got, expected, what=what, dtype=dtype)
+    atol, rtol = checks.tolerance(dtype, atol, rtol)
     row_dims = len(row_names)
-    bad = wrong_rows(got, expected, row_dims, dtype=dtype)
+    bad = wrong_rows(got, expected, row_dims, atol=atol, rtol=rtol)
     if not bad.any():
         return
     cause = likely_cause(got, expected, row_dims=row_dims, variants=variants,
-                         suspects=suspects, dtype=dtype) or hint
+                         suspects=suspects, atol=atol, rtol=rtol) or hint
     label = f"{what} [{shape}]" if shape else what
     try:
-        checks.assert_close(got, expected, what=label, dtype=dtype, hint=cause)
+        checks.assert_close(got, expected, what=label, dtype=dtype, atol=atol, rtol=rtol,
+                            hint=cause)
     except AssertionError as e:
         first, _, rest = str(e).partition("\n")
         rows = f"  wrong rows: {_rows_text(bad, row_names)}"
