@@ -7,7 +7,7 @@ tensors to `linear_native`. The stage has two GEMVs: gemv_simple.cu (part 1, a w
 output) and gemv.cu (part 2, the fast one); the engine runs the fast one once it is written,
 else the simple one (course.ops.FirstWritten: one line on stderr says so). The GEMVs handle
 1-8 tokens, but measured on an H200 the fast one is only worth it at one: at 4 tokens
-cuBLAS's small-M kernels took half its time (docs/gpu-runs.md), so `linear` asks for a GEMV at
+cuBLAS's small-M kernels took half its time, so `linear` asks for a GEMV at
 2-8 tokens only when told to (gemv=True).
 
 On an sm_90 GPU the fast GEMV is launched with programmatic dependent launch (PDL: it may
