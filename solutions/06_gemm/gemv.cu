@@ -68,8 +68,7 @@ constexpr int kStages = 3;            // ring slots per warp: 2 units in flight,
 constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
 // Eight blocks per SM, what the rings' shared memory allows: said to the compiler as well, so
 // it allocates registers for them (64 a thread at most: it takes 40-56 with the hint, 32-56
-// without, and the hint alone made a batch-1 decode step 7 us faster on the H200,
-// docs/gpu-runs.md).
+// without, and the hint alone made a batch-1 decode step 7 us faster on the H200).
 constexpr int kMinBlocks = 8;
 
 template <int kTokens>
@@ -260,7 +259,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // gemv_kernel needs ~32 warps on every SM to keep its copies in flight: each 16 bytes is one
 // cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 32 KB at once, so
 // two blocks of 8 warps per SM stream faster, each block reading one contiguous stretch of
-// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200: docs/gpu-runs.md).
+// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200).
 //
 //     block b of the grid owns the outputs [b * out / grid, (b + 1) * out / grid): its weight
 //     rows are one contiguous stretch of memory (paired: the gate rows' stretch and the up
@@ -339,8 +338,7 @@ struct Prologue {
 // key (pick_key), puts it into the kept key with one atomicMax and draws a ticket; the block
 // that draws the last ticket reads the winner, stores its index and sets key and ticket back
 // to 0 for the next launch (binding.h's tvllm::tickets keeps them). A batch-1 decode step
-// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200:
-// docs/gpu-runs.md).
+// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200).
 struct Pick {
   int64_t* out = nullptr;              // [1]: the index
   unsigned long long* key = nullptr;   // the best key so far, 0 between launches
