@@ -472,3 +472,55 @@ def test_a_student_named_reference_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "named 'reference'" in err and "rename" in err, err
     assert not (tmp_path / "subs-progress.jsonl").exists()
+
+
+def test_plain_attributes_come_with_the_reply_and_go_when_student_code_runs():
+    """Reading two attributes of each of 70 waiting sequences every step was 100,000 round
+    trips for stage 11's soak test. The plain attributes of the student objects a reply names
+    come with it, and later reads are answered from them until student code may have run;
+    a property is always asked."""
+    from grader.classroom import harness, judge, snapshot
+    from course import parts
+    conn, worker = _connection(), harness.Worker()
+    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
+    Sequence = parts.reference("11", "sequence").Sequence
+    queue = [Sequence(i, [1, 2, 3]) for i in range(70)]
+    asked = []
+    conn.request = lambda gen, op, hid, *args: asked.append((op, args)) or 0
+
+    def reply(value, pure: bool):
+        worker.pure = pure
+        return conn._decode(pickle.loads(worker.reply(value)))
+    got = reply(queue, pure=True)          # the list read from a plain attribute
+    assert [s.seq_id for s in got] == list(range(70))
+    assert all(s.block_table == [] and s.num_cached == 0 for s in got) and not asked
+    got[0].block_table.append(5)           # a value is decoded afresh on every read
+    assert got[0].block_table == []
+    assert got[0].num_tokens == 0 and asked == [("getattr", ("num_tokens",))], \
+        "a property runs student code: asked, never snapshotted"
+    queue[1].num_cached = 3                # the student's code at work during a call
+    reply(None, pure=False)
+    asked.clear()
+    got[1].num_cached
+    assert asked == [("getattr", ("num_cached",))], "after student code ran, reads are asked"
+
+
+def test_a_snapshot_names_no_tensor_and_nothing_the_worker_could_not_say():
+    """Tensors are never snapshotted (a model's weights would cross on every reply), and a
+    snapshot that names anything but plain data and handles is an invalid reply."""
+    from grader.classroom import harness, judge, snapshot
+    conn, worker = _connection(), harness.Worker()
+    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
+    conn.proc, conn.deaths = None, 0
+
+    class Holder:
+        def __init__(self):
+            self.weight, self.size = torch.ones(1000), 7
+    worker.pure = True
+    envelope = pickle.loads(worker.reply(Holder()))
+    (snap,) = envelope["snapshots"].values()
+    assert set(snap) == {"size"}
+    snap["size"] = pickle.dumps(torch.ones(2))       # a forged snapshot: refused when read
+    held = conn._decode(envelope)
+    with pytest.raises(judge.WorkerFailed, match="invalid reply"):
+        held.size
