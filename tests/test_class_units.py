@@ -52,10 +52,11 @@ def _ctx(tmp_path: Path) -> cases.Context:
 
 def _connection():
     """A judge's connection with no worker process: frames are read by a Worker here."""
-    from grader.classroom import judge
+    from grader.classroom import judge, snapshot
     conn = judge.Connection.__new__(judge.Connection)
     conn.gen, conn.kept, conn.lent, conn.extra_tests = 1, set(), {}, []
     conn.synced, conn.synced_digest, conn.test_modules = {}, {}, {}
+    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
     return conn
 
 
@@ -394,7 +395,7 @@ def test_a_grade_made_against_changed_tests_is_not_kept(tmp_path, monkeypatch, c
     assert grader_cli.main(["class", str(tmp_path / "subs"), "--stages", "02", "--extra-tests",
                             str(tmp_path / "hidden"), "--progress", str(progress)]) == 3
     assert "changed while alice was graded (stage 02, not kept)" in capsys.readouterr().err
-    assert progress.read_text() == "", "the grade made against changed tests was kept"
+    assert not cli.load_progress(progress), "the grade made against changed tests was kept"
 
 
 
@@ -479,10 +480,9 @@ def test_plain_attributes_come_with_the_reply_and_go_when_student_code_runs():
     trips for stage 11's soak test. The plain attributes of the student objects a reply names
     come with it, and later reads are answered from them until student code may have run;
     a property is always asked."""
-    from grader.classroom import harness, judge, snapshot
+    from grader.classroom import harness
     from course import parts
     conn, worker = _connection(), harness.Worker()
-    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
     Sequence = parts.reference("11", "sequence").Sequence
     queue = [Sequence(i, [1, 2, 3]) for i in range(70)]
     asked = []
@@ -508,9 +508,8 @@ def test_plain_attributes_come_with_the_reply_and_go_when_student_code_runs():
 def test_a_snapshot_names_no_tensor_and_nothing_the_worker_could_not_say():
     """Tensors are never snapshotted (a model's weights would cross on every reply), and a
     snapshot that names anything but plain data and handles is an invalid reply."""
-    from grader.classroom import harness, judge, snapshot
+    from grader.classroom import harness, judge
     conn, worker = _connection(), harness.Worker()
-    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
     conn.proc, conn.deaths = None, 0
 
     class Holder:
