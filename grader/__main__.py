@@ -11,7 +11,6 @@
     python3 -m grader list               the stages, from the manifest
     python3 -m grader class DIR          grade every student directory under DIR (--shard I/N: a share)
     python3 -m grader merge SHARD...     one class's reports from the shards' progress files
-    python3 -m grader templates --out D  copy the Slurm, GitHub Actions and Classroom templates
     python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks,
                                          and the sm_75 stages built as compute_75 PTX
     python3 -m grader compile-check      compile every kernel (solutions and skeletons), sm_80+sm_90,
