@@ -182,3 +182,15 @@ def test_merge_refuses_shards_that_are_not_one_class(tmp_path, class_dir, graded
     stray.write_text("x\n")
     assert "is not a shard's progress file" in refused(parts[0], stray)
     assert not (tmp_path / "m.csv").exists(), "a refused merge writes no report"
+
+
+def test_a_shard_with_no_students_is_a_shard_all_the_same(tmp_path, class_dir, graded):
+    """More shards than students (a Slurm array of 40 for 12): an empty shard grades no one,
+    exits 0 and writes its header, so that merge finds every shard."""
+    empty = next(i for i in range(1, 41) if all(shards.shard_of(s, 40) != i for s in STUDENTS))
+    progress = tmp_path / "empty.jsonl"
+    assert _run("class", class_dir, "--stages", "02", "--shard", f"{empty}/40", "--progress",
+                progress) == 0
+    assert not graded
+    shard = shards.load(progress)
+    assert (shard.index, shard.count, shard.students, shard.records) == (empty, 40, [], [])
