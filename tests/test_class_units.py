@@ -523,3 +523,17 @@ def test_a_snapshot_names_no_tensor_and_nothing_the_worker_could_not_say():
     held = conn._decode(envelope)
     with pytest.raises(judge.WorkerFailed, match="invalid reply"):
         held.size
+
+
+def test_the_judge_holds_a_bounded_amount_of_snapshots(monkeypatch):
+    """Replies that say no student code ran add their snapshots to those held; a worker that
+    says so of every reply must not fill the judge's memory (it is outside the sandbox's
+    limits): past MAX_HELD the old ones go."""
+    from grader.classroom import snapshot
+    monkeypatch.setattr(snapshot, "MAX_HELD", 100)
+    held = snapshot.Snapshots()
+    for hid in (1, 2):
+        held.take({"snapshots": {hid: {"x": b"y" * 60}}, "pure": True, "callback": None})
+    assert list(held.by_handle) == [2] and held.held == 60
+    with pytest.raises(protocol.ProtocolError, match="wrong shape"):
+        held.take({"snapshots": {3: {"x": "not bytes"}}, "pure": True, "callback": None})

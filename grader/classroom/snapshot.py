@@ -34,6 +34,7 @@ from grader.classroom import protocol
 MAX_OBJECTS = 1024           # objects with a snapshot per reply
 MAX_BYTES = 1 << 20          # the snapshots' pickled size per reply
 MAX_ITEMS = 4096             # a container attribute longer than this is read by a request
+MAX_HELD = 64 << 20          # what the judge holds at most (replies that say no code ran add up)
 SNAPSHOT_PIDS = ("obj", "dtype", "size", "device", "enum")   # what a snapshot may name
 
 # containers whose reading (len, bool, iteration) runs no student code
@@ -107,23 +108,29 @@ class Snapshots:
 
     def __init__(self) -> None:
         self.by_handle: dict[int, dict[str, bytes]] = {}
+        self.held = 0          # bytes, so that a worker cannot fill the judge's memory
 
     def clear(self) -> None:
         self.by_handle.clear()
+        self.held = 0
 
     def take(self, envelope: dict) -> None:
         """A reply's snapshots, after dropping the held ones unless the reply says no student
-        code ran. Raises ProtocolError for snapshots of the wrong shape."""
+        code ran (and they stay under MAX_HELD). ProtocolError for a snapshot of the wrong
+        shape."""
         snaps, pure = envelope["snapshots"], envelope["pure"]
-        if envelope["callback"] is not None or pure is not True:
-            self.by_handle.clear()
         if not isinstance(snaps, dict):
             raise protocol.ProtocolError("snapshots that are not a dict")
+        size = 0
         for hid, snap in snaps.items():
             if type(hid) is not int or not isinstance(snap, dict) or not all(
                     type(k) is str and type(v) is bytes for k, v in snap.items()):
                 raise protocol.ProtocolError("a snapshot of the wrong shape")
-            self.by_handle[hid] = snap
+            size += sum(len(v) for v in snap.values())
+        if envelope["callback"] is not None or pure is not True or self.held + size > MAX_HELD:
+            self.clear()
+        self.by_handle.update(snaps)
+        self.held += size
 
     def read(self, hid: int, name: str, decode: Callable[[bytes], object]) -> object:
         """The attribute's value from a snapshot (decoded afresh), or MISSING."""
