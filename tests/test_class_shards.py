@@ -194,3 +194,16 @@ def test_a_shard_with_no_students_is_a_shard_all_the_same(tmp_path, class_dir, g
     assert not graded
     shard = shards.load(progress)
     assert (shard.index, shard.count, shard.students, shard.records) == (empty, 40, [], [])
+
+
+def test_resuming_another_shards_file_is_refused(tmp_path, class_dir, graded, capsys):
+    progress = tmp_path / "shard.jsonl"
+    assert _run("class", class_dir, "--stages", "02", "--shard", "1/2", "--progress",
+                progress) == 0
+    before = progress.read_text()
+    capsys.readouterr()
+    assert _run("class", class_dir, "--stages", "02", "--shard", "2/2", "--progress", progress,
+                "--resume") == 2
+    assert capsys.readouterr().err == (f"error: --resume: {progress} holds shard 1/2, not 2/2: "
+                                       "give each shard its own --progress file\n")
+    assert progress.read_text() == before, "a refused --resume loses nothing"

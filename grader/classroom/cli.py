@@ -134,6 +134,12 @@ def _grade_class(args: argparse.Namespace, chosen: list[manifest.Stage],
                               args.verbose, args.student_timeout,
                               hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
+    kept_shard = shards.shard_in(args.progress) if args.resume else None
+    if kept_shard not in (None, args.shard):
+        print(f"error: --resume: {args.progress} holds shard {kept_shard[0]}/{kept_shard[1]}, "
+              f"not {args.shard[0]}/{args.shard[1]}: give each shard its own --progress file",
+              file=sys.stderr)
+        return 2
     mismatch = resume_mismatch(done, basis)
     if mismatch:
         print(f"error: --resume: the grades in {args.progress} {mismatch}", file=sys.stderr)

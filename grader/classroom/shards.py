@@ -53,6 +53,18 @@ class Shard:
     records: list[dict] = field(default_factory=list)
 
 
+def shard_in(path: Path) -> tuple[int, int] | None:
+    """The (I, N) a progress file's header names, or None (no file, no header)."""
+    try:
+        with open(path, errors="replace") as f:
+            head = _json(f.readline())
+    except OSError:
+        return None
+    if isinstance(head, dict) and head.get("kind") == HEADER:
+        return tuple(head["shard"])
+    return None
+
+
 def load(path: Path) -> Shard:
     """A shard's progress file: its header and its grades (a line cut off by a kill is
     skipped, as --resume skips it)."""
@@ -95,7 +107,7 @@ def basis_differences(stage: str, a: dict, b: dict, when: tuple[str, str] = ("th
     if a.get("cuda") != b.get("cuda"):
         differ.append("graded with{} a CUDA device {}, with{} one {}".format(
             "" if a.get("cuda") else "out", first, "" if b.get("cuda") else "out", second))
-    elif a.get("device") != b.get("device"):
+    elif None not in (a.get("device"), b.get("device")) and a["device"] != b["device"]:
         differ.append(f"graded on {a.get('device')} {first}, on {b.get('device')} {second}")
     return differ
 
