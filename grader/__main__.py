@@ -9,7 +9,7 @@
     python3 -m grader reset NN           restore stage NN's skeleton (your files are backed up)
     python3 -m grader emulate NN         run your kernel of NN on the CPU in the emulator (no grade)
     python3 -m grader list               the stages, from the manifest
-    python3 -m grader class DIR          grade every student directory under DIR (--shard I/N: a share)
+    python3 -m grader class DIR          grade every student directory under DIR (--shard I/N: part)
     python3 -m grader merge SHARD...     one class's reports from the shards' progress files
     python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks,
                                          and the sm_75 stages built as compute_75 PTX

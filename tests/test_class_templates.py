@@ -18,7 +18,7 @@ from course import manifest
 from grader import __main__ as grader_cli
 from grader import runner
 from grader.classroom import autograde
-from tests.test_class_shards import STUDENTS, _outcome, _same_reports, class_dir, graded  # noqa: F401
+from tests.test_class_shards import STUDENTS, class_dir, graded  # noqa: F401 (fixtures)
 
 TEMPLATES = manifest.ROOT / "grader" / "classroom" / "templates"
 GRADE_CLASS = TEMPLATES / "github-actions" / "grade-class.yml"
@@ -41,7 +41,8 @@ sys.exit(main(sys.argv[3:]))
 
 
 def _steps(path: Path, job: str) -> dict[str, dict]:
-    return {s.get("name", s.get("uses")): s for s in yaml.safe_load(path.read_text())["jobs"][job]["steps"]}
+    steps = yaml.safe_load(path.read_text())["jobs"][job]["steps"]
+    return {s.get("name", s.get("uses")): s for s in steps}
 
 
 def _grader_args(command: str, values: dict[str, str]) -> list[str]:

@@ -21,9 +21,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     "graded against different tests, limits or devices.")
     p.add_argument("shards", type=Path, nargs="+", metavar="SHARD",
                    help="a shard's progress file (all N of them)")
-    p.add_argument("--csv", type=Path, metavar="FILE", help="one row per student, a column per stage")
+    p.add_argument("--csv", type=Path, metavar="FILE",
+                   help="one row per student, a column per stage")
     p.add_argument("--json", type=Path, metavar="FILE", help="every result, test by test")
-    p.add_argument("--junit", type=Path, metavar="FILE", help="JUnit XML, a suite per student and stage")
+    p.add_argument("--junit", type=Path, metavar="FILE",
+                   help="JUnit XML, a suite per student and stage")
     p.add_argument("--similarity", type=Path, metavar="FILE",
                    help="suspicious pairs across the whole class as JSON")
     args = p.parse_args(argv)

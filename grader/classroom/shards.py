@@ -103,7 +103,8 @@ def basis_differences(stage: str, a: dict, b: dict, when: tuple[str, str] = ("th
             f" ({a.get('hidden_tests')} hidden tests {first}, {b.get('hidden_tests')} {second})"
             if a.get("hidden_tests") != b.get("hidden_tests") else ""))
     differ += [f"--{limit.replace('_', '-')} {_number(a.get(limit))} {first}, "
-               f"{_number(b.get(limit))} {second}" for limit in LIMITS if a.get(limit) != b.get(limit)]
+               f"{_number(b.get(limit))} {second}"
+               for limit in LIMITS if a.get(limit) != b.get(limit)]
     if a.get("cuda") != b.get("cuda"):
         differ.append("graded with{} a CUDA device {}, with{} one {}".format(
             "" if a.get("cuda") else "out", first, "" if b.get("cuda") else "out", second))
@@ -122,9 +123,9 @@ def check(shards: list[Shard]) -> tuple[list[str], dict[tuple[str, str], dict]]:
     if not shards:
         raise ShardError("no shard to merge")
     first = shards[0]
-    counts = {s.count for s in shards}
-    if len(counts) > 1:
-        raise ShardError(f"the shards split the class differently: {_by(shards, lambda s: f'{s.index}/{s.count}')}")
+    if len({s.count for s in shards}) > 1:
+        raise ShardError("the shards split the class differently: " + ", ".join(
+            f"{s.path} is {s.index}/{s.count}" for s in shards))
     indices = sorted(s.index for s in shards)
     missing = sorted(set(range(1, first.count + 1)) - set(indices))
     twice = sorted({i for i in indices if indices.count(i) > 1})
@@ -174,6 +175,3 @@ def _same_basis(a: tuple[Path, dict], b: tuple[Path, dict]) -> None:
     if differ:
         raise ShardError(f"the shards were graded differently: {'; '.join(differ)}")
 
-
-def _by(shards: list[Shard], what) -> str:
-    return ", ".join(f"{s.path} {what(s)}" for s in shards)
