@@ -7,9 +7,11 @@ a run that is killed keeps what it did; `--resume` grades only what is missing. 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -241,13 +243,16 @@ def grade_basis(stage: manifest.Stage, cases: list[collect.Case],
             "device": device_kind(), **{limit: getattr(args, limit) for limit in LIMITS}}
 
 
+@functools.lru_cache(maxsize=1)
 def device_kind() -> str:
     """The GPU the GPU tests run on ("none" without one): shards graded on different GPUs
-    are not one class's run."""
+    are not one class's run. Asked in a child process: a CUDA context here would hold GPU
+    memory for the whole run, beside every student's tests."""
     if not environment.has_cuda():
         return "none"
-    import torch
-    return torch.cuda.get_device_name(0)
+    name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda."
+                           "get_device_name(0))"], capture_output=True, text=True, timeout=120)
+    return name.stdout.strip() or "cuda"
 
 
 def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -> str:
