@@ -1,16 +1,17 @@
 """The benchmark: this engine beside transformers on the same weights, the same GPU, one run.
 
     python3 -m bench [--out DIR] [--json FILE] [--only W1,W2] [--skip-hf] [--quick]
-                     [--hf-cache static|dynamic] [--model DIR] [--budget S]
+                     [--hf-cache static|dynamic] [--shape NAME | --model DIR] [--budget S]
     nox -s bench -- ...                   (the same, in the course's environment)
     nox -s bench-plot -- DIR/bench.json   (PNG plots of it, on any machine)
 
 Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
 
-Model: random bf16 weights with Llama-3.2-1B-Instruct's exact shapes (bench.engine.SHAPES),
-or a real checkpoint with --model DIR. Random weights never stop early; every side ignores
-EOS anyway, so every request runs to its max tokens. Workloads (--only picks; bench.workloads
-defines them):
+Model: random bf16 weights with Llama-3.2-1B-Instruct's exact shapes, or another model's with
+--shape (bench.engine.SHAPES: qwen3-0.6b is nano-vllm's benchmark model, qwen2.5-0.5b,
+smollm2-135m, mistral-7b), or a real checkpoint with --model DIR. Random weights never stop
+early; every side ignores EOS anyway, so every request runs to its max tokens. Workloads
+(--only picks; bench.workloads defines them):
 
   offline   nano-vllm's workload: 256 requests, prompt and output lengths uniform in
             [100, 1024]; output tok/s. Ours: all requests added at once (continuous batching).
@@ -24,6 +25,9 @@ defines them):
   prefix    256 requests sharing a 1,000-token system prompt, 64 new tokens each: ours with
             prefix caching on and off (the median of 3 runs, each with its own system
             prompt), transformers in one padded batch.
+  serve     offline's requests as concurrent streaming clients of the OpenAI-compatible
+            server (bench.serve): output tok/s and its share of offline's in the same run,
+            time to first token and inter-token latency (p50, p99).
   kernels   bench.kernels' table: every op beside torch's, GB/s or TFLOP/s, share of the
             measured copy bandwidth and of a copy of the same bytes.
   profile   bench.profile at batch 1 and 256: each kernel's GPU time in one decode step, what
@@ -34,8 +38,8 @@ else the dynamic cache; the output names which. Compile and CUDA-graph capture h
 warm-ups, never timed, and --budget stops starting transformers' workloads once the run has
 taken that long (the summary says which were skipped). Results go to JSON (bench.results):
 GPU, driver, torch, CUDA and transformers versions, date, commit, every number; the summary
-(bench.report) prints each workload as ours vs transformers and says by how much each of issue
-11's targets (bench.targets) is missed.
+(bench.report) prints each workload as ours vs transformers and says, for each of the engine's
+goals (bench.targets), the figure and by how much it is met or missed.
 """
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ if TYPE_CHECKING:   # torch loads when a run starts; parts.load names a stage fo
     LlamaModel = parts.load("08", "model").LlamaModel
 
 ENGINE_WORKLOADS = ("offline", "batch1", "sweep", "ttft", "prefix")
-ALL = ENGINE_WORKLOADS + ("kernels", "profile")
+ALL = ENGINE_WORKLOADS + ("serve", "kernels", "profile")
 HF_ORDER = ("batch1", "offline", "sweep", "ttft", "prefix")  # skipped from the end first
 HF_DYNAMIC_OFFLINE_NEW = 256      # the dynamic cache is host-bound: cap each request there
 MAX_POSITIONS = W.TTFT_PROMPT + 64
@@ -84,7 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 64 requests, fewer tokens and repetitions")
     p.add_argument("--model", metavar="DIR", help="a real checkpoint (HF layout) instead of "
-                                                  "random Llama-3.2-1B-shaped weights")
+                                                  "random weights")
+    p.add_argument("--shape", metavar="NAME",
+                   help="the random weights' model shape (bench.engine.SHAPES): llama-3.2-1b "
+                        "(default), qwen3-0.6b, qwen2.5-0.5b, smollm2-135m, mistral-7b")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--flush", choices=("read", "write"), default="read",
                    help="empty the L2 before each kernel-table run by reading (default) or "
@@ -104,6 +111,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                       args.hf_compile_limit)):
         if math.isnan(seconds) or seconds < 0:
             p.error(f"{flag} must be a number of seconds >= 0, got {seconds}")
+    if args.shape is not None and args.model is not None:
+        p.error("--shape and --model: give one (random weights of a shape, or a checkpoint)")
+    from bench.engine import shape_named
+    try:
+        args.shape = shape_named(args.shape or "llama-3.2-1b")
+    except ValueError as e:
+        p.error(f"--shape: {e}")
     if args.model is not None and not Path(args.model).is_dir():
         p.error(f"--model {args.model} is not a directory (a Hugging Face checkpoint folder)")
     if args.json is None and args.out is not None:
@@ -167,7 +181,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
     env = results.environment()
     random_weights = args.model is None
     model_info = {
-        "source": "random weights, Llama-3.2-1B-Instruct's shapes" if random_weights
+        "source": f"random weights, {args.shape}'s shapes" if random_weights
         else f"checkpoint {args.model}", "dtype": "bfloat16",
         "eos": ("random weights never stop early: every request runs to its max tokens (EOS "
                 "ignored)" if random_weights else
@@ -180,7 +194,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
 
     t0 = time.perf_counter()
     if random_weights:
-        hf, model, _ = build_models(SHAPES["Llama-3.2-1B"], seed=args.seed,
+        hf, model, _ = build_models(SHAPES[args.shape], seed=args.seed,
                                     max_positions=MAX_POSITIONS)
     else:
         hf, model = load_models(args.model, MAX_POSITIONS)
@@ -195,6 +209,8 @@ def run(args: argparse.Namespace, started: float) -> dict:
         doc["kernels"] = kernel_table(timer, copy_gbs, copy_t, args.quick)
     engine_work = [w for w in args.workloads if w in ENGINE_WORKLOADS]
     measured = measure_ours(model, engine_work, plan, copy_gbs * 1e9)
+    served = measure_serve(model, plan, measured.get("offline")) \
+        if "serve" in args.workloads else None
     if "profile" in args.workloads:
         doc["profile"] = profile(model, copy_gbs * 1e9)
         release()       # the profile's engines: their pools go back before transformers runs
@@ -211,7 +227,28 @@ def run(args: argparse.Namespace, started: float) -> dict:
         measured["skipped_hf"] = skipped_hf
         skipped = None
     doc["workloads"] = sections(engine_work, plan, measured, theirs, skipped)
+    if served is not None:
+        doc["workloads"]["serve"] = served
     return doc
+
+
+def measure_serve(model: LlamaModel, plan: Plan, offline: tuple[float, int] | None) -> dict:
+    """The serve section: offline's requests through the HTTP server (bench.serve)."""
+    from bench import serve
+    log("\nthe OpenAI-compatible server (bench.serve):")
+    reqs = W.offline(plan.requests, model.config.vocab_size)
+    why = serve.not_runnable()
+    if why is not None:
+        log(f"  serve: {why}")
+        return serve.skipped_section(len(reqs), why)
+    raw = serve.measure(model, reqs, 2 * W.OFFLINE_LENGTHS[1], describe=lambda s: log("  " + s))
+    section = serve.section(reqs, raw, offline and offline[1] / offline[0],
+                            serve.transformers_skipped())
+    o, share = section["ours"], section["share_of_offline"]
+    log(f"  serve: {o['tokens']} tokens in {o['seconds']:.2f} s = {o['tok_s']:,.0f} tok/s"
+        + ("" if share is None else f", {100 * share:.0f}% of offline")
+        + f"; TTFT p50 {o['ttft_ms']['p50']:.1f} ms, ITL p50 {o['itl_ms']['p50']:.1f} ms")
+    return section
 
 
 def kernel_table(timer: Timer, copy_gbs: float, copy_t: Timing, quick: bool) -> dict:

@@ -434,7 +434,7 @@ def flash_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 12's tiled prefill and stage 07's kernel, each beside torch SDPA's flash backend.
 
     Same shapes, inputs and FLOP count as `attention`; 'torch' is SDPBackend.FLASH_ATTENTION
-    in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the issue's target:
+    in both rows, so ours/torch reads as a fraction of FlashAttention-2 (the goal:
     stage 12 at 50% or more of it, and 10x stage 07 or more).
     """
     for stage, module in (("12", "flash_attention"), ("07", "attention")):
@@ -467,7 +467,7 @@ def _sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 def decode_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 09's decode step: every sequence's whole K/V cache is read once per token.
 
-    GB/s counts the K and V bytes read (q and out are under 0.5% of them): the issue's target
+    GB/s counts the K and V bytes read (q and out are under 0.5% of them): the goal
     is 80% of the copy bandwidth at 64 x 1024. Sequence b owns slot b and every slot is full,
     so torch's SDPA (enable_gqa) reads the same cache through views, with no gather copy.
     """
@@ -494,8 +494,9 @@ def decode_attention_cases(ops: Ops) -> Iterator[Case]:
 
 
 def _paged_case(ops: Ops, fn: Callable | None, why: str | None, B: int, S: int,
-                layers: int) -> Case:
-    """B sequences of S keys over `layers` layers' paged caches, one call after another."""
+                layers: int, kernel: str = "paged_decode_attention") -> Case:
+    """B sequences of S keys over `layers` layers' paged caches, one call after another;
+    `kernel` names the row (and, past the op's name, which of stage 14's kernels it times)."""
     scale = HEAD_DIM ** -0.5
     n_blocks = B * S // PAGED_BLOCK
 
@@ -526,18 +527,19 @@ def _paged_case(ops: Ops, fn: Callable | None, why: str | None, B: int, S: int,
         return tuple(_sdpa_decode(s["q"][i], s["k"][i], s["v"][i], scale, upcast=upcast)
                      for i in range(layers))
     kv_bytes = 2 * layers * B * S * N_KV_HEADS * HEAD_DIM * 2
-    return Case("paged_decode_attention",
+    return Case(kernel,
                 f"{B}x{S}" if layers == 1 else f"{B}x{S}, {layers} layers", kv_bytes, make_set,
                 torch_fn=sdpa, reference=lambda s: sdpa(s, upcast=True),
                 ours_fn=ours, outs=[out] if ours else [],
-                via=ops.via("paged_decode_attention") if fn else "",
+                via=f"{ops.via('paged_decode_attention').rsplit(' ', 1)[0]} {fn.__name__}"
+                if fn else "",
                 skip=None if ours else why)
 
 
 def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     """Stage 14's decode step over a paged cache (blocks of 16, shuffled over the pool).
 
-    GB/s counts the K and V bytes read, as for decode_attention: the issue's target is 85% of
+    GB/s counts the K and V bytes read, as for decode_attention: the goal is 85% of
     the copy bandwidth at 64 x 1024 and 256 x 512 (the single pass) and 70% at 1 x 32768
     (split-K). Beside it, torch's SDPA (enable_gqa) on a contiguous cache of the same shapes
     holding the same keys: the speed a paged layout has to match. 1 x 512 and 1 x 2048 are a
@@ -547,10 +549,28 @@ def paged_decode_attention_cases(ops: Ops) -> Iterator[Case]:
     them: an isolated call's fixed start-up (~9 us of 25 at 1 x 32768; docs/benchmarks.md)
     then overlaps the call before it (stage 14 launches early: PDL), which one call cannot show.
     """
-    fn, why = ops.get("paged_decode_attention")
+    fast = _stage14_kernel(ops, "fast")
     for B, S in PAGED_SHAPES:
-        yield _paged_case(ops, fn, why, B, S, layers=1)
-    yield _paged_case(ops, fn, why, 1, 32768, layers=PAGED_LAYERS)
+        yield _paged_case(ops, *fast, B, S, layers=1)
+    yield _paged_case(ops, *fast, 1, 32768, layers=PAGED_LAYERS)
+
+
+def _stage14_kernel(ops: Ops, part: str) -> tuple[Callable | None, str | None]:
+    """Stage 14's op of one part, "fast" or "simple" (paged_decode_attention_<part>, beside
+    the op the engine calls, which runs the fast one once it is written), or why not."""
+    fn, why = ops.get("paged_decode_attention")
+    if fn is None:
+        return None, why
+    kernel = getattr(fn, "__globals__", {}).get(f"paged_decode_attention_{part}")
+    return (kernel, None) if kernel else (None, f"skipped: no paged_decode_attention_{part}")
+
+
+def paged_decode_attention_simple_cases(ops: Ops) -> Iterator[Case]:
+    """Stage 14's part 1 (one block per (sequence, query head), scalar math) at the same
+    single-layer shapes as the fast kernel's rows."""
+    simple = _stage14_kernel(ops, "simple")
+    for B, S in PAGED_SHAPES:
+        yield _paged_case(ops, *simple, B, S, layers=1, kernel="paged_decode_attention (simple)")
 
 
 FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
@@ -566,5 +586,6 @@ FAMILIES: dict[str, Callable[[Ops], Iterator[Case]]] = {
     "flash_attention": flash_attention_cases,
     "decode_attention": decode_attention_cases,
     "paged_decode_attention": paged_decode_attention_cases,
+    "paged_decode_attention_simple": paged_decode_attention_simple_cases,
 }
 

@@ -1,13 +1,15 @@
 """Engine benchmark: greedy generation with the reference engine beside transformers.
 
-    python3 -m bench.engine [--json FILE] [--quick]
+    python3 -m bench.engine [--json FILE] [--quick] [--shape NAME ...]
 
 Needs a CUDA GPU; without one it says so and exits 0, having measured nothing.
 
 Both sides run the same random bf16 weights, built in this process on the GPU (no files):
-transformers' LlamaForCausalLM (random init, SDPA attention), and the reference engine's
-stage-08 LlamaModel made from that model's state_dict. Two shapes: SmolLM2-135M and
-Llama-3.2-1B. A random 128-token prompt, 64 new tokens, greedy, EOS never stops it.
+transformers' model of the shape's family (LlamaForCausalLM, Qwen3ForCausalLM, ...: random
+init, SDPA attention), and the reference engine's stage-08 LlamaModel made from that model's
+state_dict. Shapes (SHAPES; --shape picks, by default SmolLM2-135M and Llama-3.2-1B):
+smollm2-135m, llama-3.2-1b, qwen3-0.6b, qwen2.5-0.5b, mistral-7b. A random 128-token prompt,
+64 new tokens, greedy, EOS never stops it.
 
 Reported, each a median of a few CUDA-synchronized runs after a warm-up:
   prefill ms    one forward over the 128-token prompt, logits of the last token only
@@ -38,10 +40,11 @@ import torch
 
 from bench.results import write_json
 from bench.timing import report_no_cuda
+from course.testing.fixtures import FAMILIES
 from grader import arguments
 
 if TYPE_CHECKING:   # transformers loads when a model is made; parts.load names a stage's types
-    from transformers import LlamaForCausalLM, PreTrainedModel
+    from transformers import PreTrainedModel
 
     from course import parts
     LlamaModel = parts.load("08", "model").LlamaModel
@@ -53,7 +56,8 @@ NEW_TOKENS = 64
 # fewer runs, down to one, rather than stretching the benchmark to many minutes.
 GENERATE_BUDGET_S = 15.0
 
-# Hugging Face config.json fields of the two shapes (random weights; no files are read).
+# Hugging Face config.json fields of each shape (random weights; no files are read); model_type
+# picks transformers' classes (course.testing.fixtures.FAMILIES), "llama" when absent.
 SHAPES: dict[str, dict] = {
     "SmolLM2-135M": dict(
         vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -65,7 +69,43 @@ SHAPES: dict[str, dict] = {
         rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=True,
         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # nano-vllm's benchmark model: heads of 128 over a hidden size of 1024, q/k norms
+    "Qwen3-0.6B": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+        tie_word_embeddings=True),
+    "Qwen2.5-0.5B": dict(
+        model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+        num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+        tie_word_embeddings=True),
+    "Mistral-7B": dict(
+        model_type="mistral", vocab_size=32768, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-5, rope_theta=1000000.0, max_position_embeddings=32768,
+        sliding_window=None, tie_word_embeddings=False),
 }
+DEFAULT_SHAPES = ("SmolLM2-135M", "Llama-3.2-1B")
+
+
+def shape_named(name: str) -> str:
+    """The SHAPES key of a --shape value, any case ("qwen3-0.6b" -> "Qwen3-0.6B"); ValueError
+    naming the choices for any other."""
+    keys = {k.lower(): k for k in SHAPES}
+    if name.lower() not in keys:
+        raise ValueError(f"unknown shape {name!r}; choose from {', '.join(keys)}")
+    return keys[name.lower()]
+
+
+def hf_model_config(shape: dict):
+    """transformers' config of the shape's family, with the benchmark's special ids."""
+    import transformers
+    fields = {k: v for k, v in shape.items() if k != "model_type"}
+    config_class = FAMILIES[shape.get("model_type", "llama")][0]
+    return getattr(transformers, config_class)(**fields, bos_token_id=1, eos_token_id=2,
+                                               pad_token_id=0, attention_bias=False,
+                                               mlp_bias=False)
 
 
 def sync() -> None:
@@ -88,17 +128,16 @@ def timed(fn: Callable[[], object], runs: int, warmup: int = 1) -> tuple[float, 
 
 
 def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NEW_TOKENS
-                 ) -> tuple[LlamaForCausalLM, LlamaModel, ModuleType]:
+                 ) -> tuple[PreTrainedModel, LlamaModel, ModuleType]:
     """(transformers model, our LlamaModel) with the same random bf16 weights on DEVICE."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
     from course import parts
-    hf_config = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                            attention_bias=False, mlp_bias=False)
+    hf_config = hf_model_config(shape)
     hf_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     with torch.device(DEVICE):
-        hf = LlamaForCausalLM(hf_config)
+        hf = getattr(transformers, FAMILIES[hf_config.model_type][1])(hf_config)
     hf = hf.to(torch.bfloat16).eval()
     # Our config comes from the same config.json text that save_pretrained would write.
     config = parts.load("01", "config").load_config(json.loads(hf_config.to_json_string()))
@@ -215,7 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="FILE", help="write every number to FILE")
     parser.add_argument("--quick", action="store_true", help="fewer runs per measurement")
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and prompt")
+    parser.add_argument("--shape", action="append", metavar="NAME",
+                        help=f"a model shape, of {', '.join(k.lower() for k in SHAPES)} "
+                             "(repeat it for several; default: smollm2-135m and llama-3.2-1b)")
     args = parser.parse_args(argv)
+    try:
+        shapes = [shape_named(n) for n in args.shape or DEFAULT_SHAPES]
+    except ValueError as e:
+        parser.error(str(e))
     arguments.writable_files(parser, json=args.json)
     if not torch.cuda.is_available():
         return report_no_cuda("bench.engine", args.json, "results")
@@ -230,9 +276,9 @@ def main(argv: list[str] | None = None) -> int:
           f"greedy, bf16, median of {runs}", flush=True)
     started = time.perf_counter()
     results = []
-    for name, shape in SHAPES.items():
+    for name in shapes:
         try:
-            r = bench_shape(name, shape, runs, args.seed)
+            r = bench_shape(name, SHAPES[name], runs, args.seed)
         except Exception as e:  # report it and go on to the next shape
             import traceback
             traceback.print_exc()

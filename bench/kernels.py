@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1234, help="seed of the random inputs")
     parser.add_argument("--flush", choices=FLUSHES, default="read",
                         help="empty the L2 before each run by reading (default) or writing "
-                             "twice its size (the method up to the fifth session)")
+                             "twice its size (the older method, for figures taken with it)")
     args = parser.parse_args(argv)
     # Usage errors first, also on a machine without a GPU (and before minutes of timing on one,
     # whose JSON would then be lost).

@@ -62,6 +62,21 @@ def run_ours(engine: LLMEngine, params_type: type[SamplingParams],
     return time.perf_counter() - t0, tokens
 
 
+def warmed_engine(model: LlamaModel, max_model_len: int, prefix_caching: bool,
+                  describe: Callable[[str], None] | None = None
+                  ) -> tuple[LLMEngine, type[SamplingParams]]:
+    """new_engine, warmed up on prompts nothing measured shares (seed 99): prefill and decode
+    at a few sizes."""
+    t0 = time.perf_counter()
+    engine, params_type = new_engine(model, max_model_len, prefix_caching)
+    if describe is not None:
+        describe(f"engine ready in {time.perf_counter() - t0:.1f} s: {engine.runner.describe()}")
+    warm = [(p[: max_model_len // 2], min(n, max_model_len // 2))
+            for p, n in workloads.offline(8, model.config.vocab_size, seed=99)]
+    run_ours(engine, params_type, warm)
+    return engine, params_type
+
+
 @contextmanager
 def engine_session(model: LlamaModel, max_model_len: int, prefix_caching: bool = False,
                    describe: Callable[[str], None] | None = None) -> Iterator[Serve]:
@@ -69,15 +84,7 @@ def engine_session(model: LlamaModel, max_model_len: int, prefix_caching: bool =
 
     prefix_caching is off unless asked for: the timing workloads repeat prompts (a first-token
     run, then the full run), and a cache hit would make the second run skip its prefill."""
-    t0 = time.perf_counter()
-    engine, params_type = new_engine(model, max_model_len, prefix_caching)
-    if describe is not None:
-        describe(f"engine ready in {time.perf_counter() - t0:.1f} s: {engine.runner.describe()}")
-    vocab = model.config.vocab_size
-    # Warm-up on prompts nothing measured shares (seed 99): prefill and decode at a few sizes.
-    warm = [(p[: max_model_len // 2], min(n, max_model_len // 2))
-            for p, n in workloads.offline(8, vocab, seed=99)]
-    run_ours(engine, params_type, warm)
+    engine, params_type = warmed_engine(model, max_model_len, prefix_caching, describe)
     serve = functools.partial(run_ours, engine, params_type)
     try:
         yield serve

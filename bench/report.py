@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from bench import results, targets
+from bench import results, serve, targets
 
 HF = "transformers"
 
@@ -102,7 +102,7 @@ def kernels_table(doc: dict) -> str:
     k = doc.get("kernels")
     if not k:
         return ""
-    # documents from before the fifth session have no l2_flush: they flushed by writing
+    # a document without l2_flush comes from the older method: a flush by writing
     flush = k.get("l2_flush", "write")
     rows = [f"Kernels (medians, cold L2 by a {flush} flush): share of the 1 GiB copy's bandwidth "
             "and of a copy of the same bytes (the ceiling at that size); speedup = torch us / "
@@ -164,13 +164,14 @@ def targets_table(doc: dict) -> str:
     checks = targets.check(doc) or doc.get("targets")
     if not checks:
         return ""
-    return "\n".join(["Targets (issue 11, one H200):", "| target | result |", "|---|---|"]
+    return "\n".join(["Goals (set for one H200):", "| goal | result |", "|---|---|"]
                      + [f"| {c['target']} | {c['text']} |" for c in checks])
 
 
 def summary(doc: dict) -> str:
     """Every table of the document that has numbers, separated by blank lines."""
-    parts = [header(doc), workloads_table(doc), sweep_table(doc), targets_table(doc),
+    parts = [header(doc), workloads_table(doc), sweep_table(doc), serve.table(doc),
+             targets_table(doc),
              profile_table(doc), kernels_table(doc)]
     return "\n\n".join(p for p in parts if p)
 

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 SCHEMA = "tiny-vllm-bench/1"
-WORKLOADS = ("offline", "batch1", "sweep", "ttft", "prefix")
+WORKLOADS = ("offline", "batch1", "sweep", "ttft", "prefix", "serve")
 ENVIRONMENT_KEYS = ("gpu", "driver", "torch", "cuda", "transformers", "python", "date", "commit")
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,10 +1,10 @@
-"""Issue 11's targets on one H200, checked against a result document, saying by how much.
+"""The engine's goals on one H200, checked against a result document, saying by how much.
 
     offline throughput   >= 40,000 output tok/s, and >= 3x transformers
     batch-1 decode       >= 75% of the bandwidth floor (floor / measured ms; on the H200 the
                          floor is ~0.58 ms, so <= ~0.77 ms per token), and >= 3x transformers
     decode sweep         >= 3x transformers at every batch size
-A target whose number was not measured is reported as such, never as met.
+A goal whose number was not measured is reported as such, never as met.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _get(section: dict | None, *keys):
 
 
 def check(doc: dict) -> list[dict]:
-    """Every target the document's workloads bear on, in the issue's order."""
+    """Every goal the document's workloads bear on: offline, batch 1, the sweep."""
     w = doc.get("workloads", {})
     out = []
     if "offline" in w:

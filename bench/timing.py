@@ -6,7 +6,7 @@ launch overhead (reported separately as host us per call).
 
 The flush READS twice the L2's size (a sum over a buffer): L2 is then full of clean lines of
 other data, and the op finds none of its inputs there. A flush that writes the buffer (what
-`torch.zero_()`-style flushes do, and what this module did until the fifth session) leaves up
+`torch.zero_()`-style flushes do) leaves up
 to an L2 of DIRTY lines, which the op under test must write back to memory as its own reads
 evict them: up to 50 MB of extra traffic inside its timed region on an H100/H200, a third of
 what a 134 MB decode-attention call reads. No kernel of a decode step starts with that (the

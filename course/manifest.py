@@ -33,6 +33,9 @@ class Stage:
     # engine around the parts: "solutions/engine/llm_engine.py"): grader/sync.py copies each
     # into the stage folder, under its path below solutions/ (stages/11_.../engine/...).
     reading: tuple[str, ...] = ()
+    # The second kernel of a two-part stage (06, 12, 14): a part the engine can do without, since
+    # the stage's simple kernel stands in while it is TODO (course.ops.FirstWritten).
+    fast_parts: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -79,7 +82,11 @@ def stages() -> tuple[Stage, ...]:
             parts=tuple(entry["parts"]), points=int(entry["points"]), gpu=bool(entry["gpu"]),
             needs=tuple(entry["needs"]), min_cc=entry.get("min_cc"),
             reading=tuple(entry.get("reading", ())),
+            fast_parts=tuple(entry.get("fast_parts", ())),
         ))
+        if not set(out[-1].fast_parts) <= set(out[-1].parts):
+            raise ValueError(f"stages.toml: stage {entry['id']}'s fast_parts must be among its "
+                             f"parts {list(out[-1].parts)}")
     return tuple(out)
 
 

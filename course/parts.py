@@ -7,6 +7,11 @@ process that runs the tests through two environment variables, read here and now
 
     TINYVLLM_STUDENT       comma-separated stage ids whose parts come from the student
     TINYVLLM_STUDENT_ROOT  the student's stages/ directory (default: <repo>/stages)
+
+A learner's own script asks for their parts with `parts.select_mine()` (every stage whose parts
+hold no TODO stub any more) or `parts.select_mine(["07", "08"])`, before it loads any part;
+`python3 -m solutions.engine --mine` does the same. A script that loads a part without asking
+gets the reference, and is told so once on stderr: the reference never stands in silently.
 """
 from __future__ import annotations
 
@@ -50,6 +55,58 @@ def selection_env(student_ids: list[str], root: Path | None = None) -> dict[str,
     return env
 
 
+def finished_stages(root: Path | None = None) -> list[str]:
+    """The ready stages whose parts, under the student's root, exist and hold no TODO stub.
+
+    A stub is the skeleton's `raise NotImplementedError("TODO stage NN: ...")` or `return
+    "TODO stage NN: ...";`: a part cannot work while it is there, whereas a leftover `# TODO`
+    comment above finished code is harmless. A stage's fast_parts (the second kernel of a
+    two-part stage) may still be TODO: its simple kernel runs instead (course.ops.FirstWritten).
+    """
+    root = Path(root) if root is not None else student_root()
+    done = []
+    for stage in manifest.stages():
+        if not stage.ready:
+            continue
+        needed = [root / stage.dir / f for f in stage.parts if f not in stage.fast_parts]
+        stub = f'"TODO stage {stage.id}'
+        if all(f.exists() and stub not in f.read_text(errors="replace") for f in needed):
+            done.append(stage.id)
+    return done
+
+
+def select_mine(stage_ids: list[str] | None = None, root: Path | None = None) -> list[str]:
+    """Make this process (and the processes it starts) load the student's parts of these
+    stages, by default every finished one (`finished_stages`); the reference stands in for the
+    rest. Call it before any part or kernel is loaded: ValueError afterwards, since modules and
+    the kernel library are loaded once per process. Returns the stage ids chosen."""
+    if _modules or _kernels is not None:
+        raise ValueError("parts.select_mine() must come before any part is loaded (this process "
+                         "has loaded parts already); call it first in your script")
+    chosen = finished_stages(root) if stage_ids is None else \
+        [manifest.find(x).id for x in stage_ids]
+    os.environ.update(selection_env(chosen, root))
+    return chosen
+
+
+def describe_selection(chosen: list[str]) -> str:
+    """One line naming whose parts run: 'your parts: 01-05, 07; the reference: 06, 08-14'."""
+    ready = [s.id for s in manifest.stages() if s.ready]
+    rest = [x for x in ready if x not in chosen]
+    return (f"your parts: {_ranges(chosen) or 'none'}; "
+            f"the reference: {_ranges(rest) or 'none'}")
+
+
+def _ranges(ids: list[str]) -> str:
+    runs: list[list[str]] = []
+    for x in ids:
+        if runs and int(x) == int(runs[-1][-1]) + 1:
+            runs[-1].append(x)
+        else:
+            runs.append([x])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def is_student(stage: manifest.Stage, filename: str) -> bool:
     return stage.id in student_stage_ids() and filename in stage.parts
 
@@ -64,7 +121,40 @@ def path(stage_id: str, filename: str) -> Path:
 
 def load(stage_id: str, module: str) -> ModuleType:
     """Import `<module>.py` of a stage, the student's or the reference's as selected."""
-    return _import(path(stage_id, module + ".py"), stage_id, module)
+    file = path(stage_id, module + ".py")
+    if file not in _modules and STUDENT_ENV not in os.environ and _called_from_outside():
+        _say_reference_once(stage_id, module)
+    return _import(file, stage_id, module)
+
+
+# The project's own code loads the reference on purpose (the reference engine, the oracles),
+# and so does whoever sets TINYVLLM_STUDENT, even empty (the grader's --solution); any other
+# caller is a learner's script, which must hear that it did not get its own parts.
+_PROJECT_DIRS = tuple(manifest.ROOT / d for d in ("course", "grader", "solutions", "bench",
+                                                  "tests", "stages"))
+_told = False
+
+
+def _called_from_outside() -> bool:
+    frame = sys._getframe(2)
+    while frame is not None and Path(frame.f_code.co_filename).resolve() == Path(__file__):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    caller = Path(frame.f_code.co_filename)
+    if not caller.is_absolute() or not caller.exists():   # <stdin>, -c: a learner's too
+        return True
+    caller = caller.resolve()
+    return not any(caller.is_relative_to(d) for d in _PROJECT_DIRS)
+
+
+def _say_reference_once(stage_id: str, module: str) -> None:
+    global _told
+    if not _told:
+        _told = True
+        print(f"tiny-vllm: stage {stage_id}'s {module}.py is the reference's, as is every part "
+              f"this script loads; call parts.select_mine() first (or set {STUDENT_ENV}="
+              f"{stage_id}) to load your own", file=sys.stderr, flush=True)
 
 
 def reference(stage_id: str, module: str) -> ModuleType:

@@ -11,7 +11,8 @@
     python3 -m grader mutants NN         (maintainers) do NN's tests catch the lesson's mistakes
                                          and automatic mutants of the reference?
     python3 -m grader list               the stages, from the manifest
-    python3 -m grader class DIR          grade every student directory under DIR
+    python3 -m grader class DIR          grade every student directory under DIR (--shard I/N: part)
+    python3 -m grader merge SHARD...     one class's reports from the shards' progress files
     python3 -m grader verify             the GPU suite: build, test every stage, engine, benchmarks,
                                          and the sm_75 stages built as compute_75 PTX
     python3 -m grader compile-check      compile every kernel (solutions and skeletons), sm_80+sm_90,
@@ -21,6 +22,8 @@ Exit status: 0 full marks, 1 anything less (failed, TODO, or not graded here), 2
 or a report (--json, --junit) that could not be written, 130 stopped by Ctrl-C.
 `class`: 0 the reports are written, 2 bad usage, tests that do not collect or a report that
 could not be written, 3 the course's tests changed while a student was graded, 130 Ctrl-C.
+`merge`: 0 the reports are written, 2 shards that are not one class's run (said in one line)
+or a report that could not be written.
 """
 from __future__ import annotations
 
@@ -159,9 +162,15 @@ def class_main(argv: list[str]) -> int:
     return cli.main(argv)
 
 
+def merge_main(argv: list[str]) -> int:
+    """One class's reports from the progress files of its shards."""
+    from grader.classroom import merge
+    return merge.main(argv)
+
+
 def main(argv: list[str]) -> int:
     children.install()   # test and student processes end with the grader (grader/children.py)
-    commands = {"list": list_main, "class": class_main}
+    commands = {"list": list_main, "class": class_main, "merge": merge_main}
     try:
         if argv and argv[0] in ("verify", "compile-check", "reset", "emulate", "mutants"):
             module = importlib.import_module("grader." + argv[0].replace("-", "_"))

@@ -47,6 +47,7 @@ FAMILY_OPS: dict[str, tuple[str, ...]] = {
     "flash_attention": ("prefill_attention",),
     "decode_attention": ("decode_attention",),
     "paged_decode_attention": ("paged_decode_attention",),
+    "paged_decode_attention_simple": ("paged_decode_attention",),
 }
 
 

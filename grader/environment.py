@@ -1,7 +1,7 @@
 """What the shared environment (.nox/tiny-vllm) holds: read by the noxfile, checked by tests.
 
-The one list of dependencies is pyproject.toml's ([project] dependencies, the `test` extra and
-[tool.tiny-vllm] no-deps); the versions are constraints.txt's. The stamp hashes both, so a
+The one list of dependencies is pyproject.toml's ([project] dependencies, the `test` and
+`serve` extras and [tool.tiny-vllm] no-deps); the versions are constraints.txt's. The stamp hashes both, so a
 changed pin (not only a changed name) brings the environment up to date. Standard library only:
 the noxfile imports this before any environment exists.
 """
@@ -34,9 +34,10 @@ def _project(pyproject: Path) -> dict:
 
 
 def requirements(pyproject: Path = PYPROJECT) -> list[str]:
-    """The dependencies and the test extra, as pip requirement strings."""
+    """The dependencies and the test and serve extras, as pip requirement strings."""
     project = _project(pyproject)["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["test"]]
+    extras = project["optional-dependencies"]
+    return [*project["dependencies"], *extras["test"], *extras["serve"]]
 
 
 def no_deps(pyproject: Path = PYPROJECT) -> list[str]:

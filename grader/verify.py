@@ -259,7 +259,7 @@ def main(argv: list[str]) -> int:
         [manifest.ROOT / "tests"], [], test_timeout=args.timeout,
         pytest_args=("-m", "gpu")) if everything else ([], [])
     t4 = None if args.no_compute75 else compute75(args.timeout)
-    from tests.hostile import gpu_class   # a hostile class on stage 03's kernel (issue 9)
+    from tests.hostile import gpu_class   # a hostile class on stage 03's kernel
     if args.no_class or not everything:
         class_ok, class_lines = True, (["| GPU class | skipped (--no-class) |"]
                                        if args.no_class else [])

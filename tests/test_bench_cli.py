@@ -48,7 +48,9 @@ def test_bad_flags_are_usage_errors_without_a_gpu(tmp_path, capsys):
              (["--hf-compile-limit", "-5"], "--hf-compile-limit"),
              (["--model", str(tmp_path / "nope")], "not a directory"),
              (["--out", str(tmp_path / "file")], "not a directory"),
-             (["--json", str(tmp_path)], "is a directory")]
+             (["--json", str(tmp_path)], "is a directory"),
+             (["--shape", "gpt2"], "unknown shape 'gpt2'"),
+             (["--shape", "qwen3-0.6b", "--model", str(tmp_path)], "give one")]
     for argv, needle in cases:
         with pytest.raises(SystemExit) as e:
             cli.parse_args(argv)
@@ -57,6 +59,8 @@ def test_bad_flags_are_usage_errors_without_a_gpu(tmp_path, capsys):
     args = cli.parse_args(["--budget", "0", "--hf-compile-limit", "0", "--model", str(tmp_path),
                            "--out", str(tmp_path / "new" / "dir")])
     assert args.budget == 0 and args.json == str(tmp_path / "new" / "dir" / "bench.json")
+    assert cli.parse_args([]).shape == "Llama-3.2-1B"
+    assert cli.parse_args(["--shape", "qwen3-0.6b"]).shape == "Qwen3-0.6B"
 
 
 @pytest.mark.parametrize("module,argv,needle", [

@@ -17,7 +17,7 @@ def test_offline_is_seeded_and_in_range():
     # uniform lengths: the mean sits near the middle of [100, 1024] (562), not at an end
     mean_new = W.output_tokens(a) / len(a)
     assert 480 < mean_new < 640, mean_new
-    # Pinned: the workload every recorded run measured (docs/gpu-runs.md: 142,248 output
+    # Pinned: the workload every recorded run measured (docs/benchmarks.md: 142,248 output
     # tokens). A change to the generator would make new figures incomparable with old ones.
     assert W.output_tokens(a) == 142248
     assert (len(a[0][0]), a[0][1], a[0][0][:3]) == (964, 839, [50497, 99349, 116689])

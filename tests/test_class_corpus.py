@@ -26,6 +26,11 @@ from tests.hostile import cases
 FULL = os.environ.get("TINYVLLM_FULL_CORPUS") == "1"
 CHOSEN = [name for name in (sorted(cases.CHEATS) if FULL else cases.CI_SUBSET)
           if sandbox.bwrap_path() or name not in cases.SANDBOX_ONLY]
+# Limits for runs of honest and untouched submissions only (nothing that hangs): far above
+# any honest test on a loaded 2-core machine (stage 11's soak test, the slowest, ran 93 s
+# through the judge there with a load average of 12), so that no pass depends on the
+# machine's speed. The hostile corpus keeps --timeout 90: its hanging cases cost 4 x that.
+HONEST_LIMITS = ("--timeout", "900", "--student-timeout", "3600")
 HIDDEN_TEST = '''
 from course import parts
 
@@ -164,7 +169,7 @@ def test_resume_grades_only_what_is_missing(graded):
     """A run killed mid-way: the last record lost, a half-written line left behind."""
     tmp, progress = graded["tmp"], graded["tmp"] / "progress.jsonl"
     lines = progress.read_text().splitlines()
-    kept = [ln for ln in lines if json.loads(ln)["student"] != "plain_file"]
+    kept = [ln for ln in lines if json.loads(ln).get("student") != "plain_file"]   # header kept
     progress.write_text("\n".join(kept) + '\n{"student": "half-writ')
     proc = grade_class(str(graded["subs"]), "--stages", "02", "--csv", str(tmp / "again.csv"),
                        "--progress", str(progress), "--resume", "--timeout", "90",
@@ -185,7 +190,7 @@ def test_stage_01_through_the_judge(tmp_path):
     cases.honest(subs / "honest", ctx, "01")
     cases.skeleton(subs / "skeleton", ctx, "01")
     proc = grade_class(str(subs), "--stages", "01", "--json", str(tmp_path / "g.json"),
-                       "--timeout", "90", cwd=tmp_path)
+                       *HONEST_LIMITS, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {r["student"]: r for r in json.loads((tmp_path / "g.json").read_text())}
     gpu_free = "not_graded" if not environment.has_cuda() else "passed"
@@ -209,7 +214,7 @@ def test_stages_through_the_judge(tmp_path, stage_id):
     cases.honest(subs / "honest", ctx, stage_id)
     cases.skeleton(subs / "skeleton", ctx, stage_id)
     proc = grade_class(str(subs), "--stages", stage_id, "--json", str(tmp_path / "g.json"),
-                       "--timeout", "90", cwd=tmp_path)
+                       *HONEST_LIMITS, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = {r["student"]: r for r in json.loads((tmp_path / "g.json").read_text())}
     gpu_free = "not_graded" if not environment.has_cuda() else "passed"

@@ -52,10 +52,11 @@ def _ctx(tmp_path: Path) -> cases.Context:
 
 def _connection():
     """A judge's connection with no worker process: frames are read by a Worker here."""
-    from grader.classroom import judge
+    from grader.classroom import judge, snapshot
     conn = judge.Connection.__new__(judge.Connection)
     conn.gen, conn.kept, conn.lent, conn.extra_tests = 1, set(), {}, []
     conn.synced, conn.synced_digest, conn.test_modules = {}, {}, {}
+    conn.snapshots, conn.mirrors = snapshot.Snapshots(), {}
     return conn
 
 
@@ -394,7 +395,7 @@ def test_a_grade_made_against_changed_tests_is_not_kept(tmp_path, monkeypatch, c
     assert grader_cli.main(["class", str(tmp_path / "subs"), "--stages", "02", "--extra-tests",
                             str(tmp_path / "hidden"), "--progress", str(progress)]) == 3
     assert "changed while alice was graded (stage 02, not kept)" in capsys.readouterr().err
-    assert progress.read_text() == "", "the grade made against changed tests was kept"
+    assert not cli.load_progress(progress), "the grade made against changed tests was kept"
 
 
 
@@ -472,3 +473,67 @@ def test_a_student_named_reference_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "named 'reference'" in err and "rename" in err, err
     assert not (tmp_path / "subs-progress.jsonl").exists()
+
+
+def test_plain_attributes_come_with_the_reply_and_go_when_student_code_runs():
+    """Reading two attributes of each of 70 waiting sequences every step was 100,000 round
+    trips for stage 11's soak test. The plain attributes of the student objects a reply names
+    come with it, and later reads are answered from them until student code may have run;
+    a property is always asked."""
+    from grader.classroom import harness
+    from course import parts
+    conn, worker = _connection(), harness.Worker()
+    Sequence = parts.reference("11", "sequence").Sequence
+    queue = [Sequence(i, [1, 2, 3]) for i in range(70)]
+    asked = []
+    conn.request = lambda gen, op, hid, *args: asked.append((op, args)) or 0
+
+    def reply(value, pure: bool):
+        worker.pure = pure
+        return conn._decode(pickle.loads(worker.reply(value)))
+    got = reply(queue, pure=True)          # the list read from a plain attribute
+    assert [s.seq_id for s in got] == list(range(70))
+    assert all(s.block_table == [] and s.num_cached == 0 for s in got) and not asked
+    got[0].block_table.append(5)           # a value is decoded afresh on every read
+    assert got[0].block_table == []
+    assert got[0].num_tokens == 0 and asked == [("getattr", ("num_tokens",))], \
+        "a property runs student code: asked, never snapshotted"
+    queue[1].num_cached = 3                # the student's code at work during a call
+    reply(None, pure=False)
+    asked.clear()
+    got[1].num_cached
+    assert asked == [("getattr", ("num_cached",))], "after student code ran, reads are asked"
+
+
+def test_a_snapshot_names_no_tensor_and_nothing_the_worker_could_not_say():
+    """Tensors are never snapshotted (a model's weights would cross on every reply), and a
+    snapshot that names anything but plain data and handles is an invalid reply."""
+    from grader.classroom import harness, judge
+    conn, worker = _connection(), harness.Worker()
+    conn.proc, conn.deaths = None, 0
+
+    class Holder:
+        def __init__(self):
+            self.weight, self.size = torch.ones(1000), 7
+    worker.pure = True
+    envelope = pickle.loads(worker.reply(Holder()))
+    (snap,) = envelope["snapshots"].values()
+    assert set(snap) == {"size"}
+    snap["size"] = pickle.dumps(torch.ones(2))       # a forged snapshot: refused when read
+    held = conn._decode(envelope)
+    with pytest.raises(judge.WorkerFailed, match="invalid reply"):
+        held.size
+
+
+def test_the_judge_holds_a_bounded_amount_of_snapshots(monkeypatch):
+    """Replies that say no student code ran add their snapshots to those held; a worker that
+    says so of every reply must not fill the judge's memory (it is outside the sandbox's
+    limits): past MAX_HELD the old ones go."""
+    from grader.classroom import snapshot
+    monkeypatch.setattr(snapshot, "MAX_HELD", 100)
+    held = snapshot.Snapshots()
+    for hid in (1, 2):
+        held.take({"snapshots": {hid: {"x": b"y" * 60}}, "pure": True, "callback": None})
+    assert list(held.by_handle) == [2] and held.held == 60
+    with pytest.raises(protocol.ProtocolError, match="wrong shape"):
+        held.take({"snapshots": {3: {"x": "not bytes"}}, "pure": True, "callback": None})

@@ -11,8 +11,9 @@ drifts away from the float32 forward of the SAME (bf16) weights: by ~1e-2 after 
 30 layers and ~2.5e-2 after Llama-3.2-1B's 16 wider ones (measured here, each run, as
 `noise`). Two correct bf16 implementations are each about `noise` from the float32 result,
 so they are within 2 * noise of each other (the triangle inequality). The tolerance of layer
-i is therefore max(BF16_TOL, 2 * noise_i): a bug (a wrong head mapping, a missing residual,
-rope at the wrong positions) is an error of order 1, far above it.
+i is therefore max(BF16_TOL, 2 * noise_i) (course.testing.equivalence.bf16_tolerance): a
+bug (a wrong head mapping, a missing residual, rope at the wrong positions) is an error of
+order 1, far above it.
 
 Greedy tokens over 32 steps must be equal, except at a proven near-tie
 (course.testing.equivalence.assert_greedy_agrees).
@@ -25,7 +26,7 @@ import torch
 from course import parts
 from course.testing import checks, equivalence
 
-BF16_TOL = 2e-2
+BF16_TOL = equivalence.BF16_TOL
 STEPS = 32
 
 SHAPES = {
@@ -73,30 +74,11 @@ def random_prompt(length: int, vocab: int) -> list[int]:
     return torch.randint(0, vocab, (length,), generator=checks.generator("cpu")).tolist()
 
 
-def tolerance(noise: float) -> float:
-    return max(BF16_TOL, 2 * noise)
-
-
 @pytest.mark.gpu
 def test_hidden_states_and_logits(models, seed):
     name, hf, hf32, ours = models
     ids = random_prompt(200, ours.config.vocab_size)
-    logits, hidden = equivalence.our_logits(ours, [ids], return_hidden=True)
-    hf_logits, hf_hidden = equivalence.hf_forward(hf, ids)
-    f32_logits, f32_hidden = equivalence.hf_forward(hf32, ids)
-    assert len(hidden) == len(hf_hidden) == ours.config.num_hidden_layers
-    report = []
-    for i, (a, b, truth) in enumerate(zip(hidden, hf_hidden, f32_hidden)):
-        noise = equivalence.rel_error(b, truth)
-        err = equivalence.assert_rel_close(
-            a, b, tolerance(noise), f"{name}: residual stream after layer {i}",
-            hint=f"transformers' own bf16 error here is {noise:.2e}, ours vs float32 is "
-                 f"{equivalence.rel_error(a, truth):.2e}")
-        report.append(f"{i}:{err:.1e}/{noise:.1e}")
-    noise = equivalence.rel_error(hf_logits[-1:], f32_logits[-1:])
-    err = equivalence.assert_rel_close(logits, hf_logits[-1:], tolerance(noise), f"{name}: logits")
-    print(f"{name}: layer: ours-vs-transformers / transformers-bf16-vs-fp32: {' '.join(report)}; "
-          f"logits {err:.1e}/{noise:.1e}")
+    print(equivalence.assert_bf16_forward_close(name, ours, hf, hf32, ids))
 
 
 @pytest.mark.gpu
@@ -107,7 +89,7 @@ def test_packed_sequences(models, seed):
     for b, p in enumerate(prompts):
         expected = equivalence.hf_forward(hf, p)[0][-1]
         noise = equivalence.rel_error(expected, equivalence.hf_forward(hf32, p)[0][-1])
-        equivalence.assert_rel_close(logits[b], expected, tolerance(noise),
+        equivalence.assert_rel_close(logits[b], expected, equivalence.bf16_tolerance(noise),
                                      f"{name}: logits of packed sequence {b} (length {len(p)})",
                                      hint="each sequence must attend only to itself, with "
                                           "positions restarting at 0")
@@ -124,7 +106,8 @@ def test_greedy_tokens(models, seed):
     ids = prompt + theirs[:-1]
     noise = equivalence.rel_error(equivalence.hf_forward(hf, ids)[0][len(prompt) - 1:],
                                   equivalence.hf_forward(hf32, ids)[0][len(prompt) - 1:])
-    print(equivalence.assert_greedy_agrees(mine, theirs, their_logits, tolerance(noise),
+    print(equivalence.assert_greedy_agrees(mine, theirs, their_logits,
+                                           equivalence.bf16_tolerance(noise),
                                            what=f"{name}: greedy tokens"))
 
 

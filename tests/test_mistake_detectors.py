@@ -136,15 +136,15 @@ def test_stage_09_names_each_decode_mistake():
 # -- stage 12: FlashAttention prefill (online softmax over key tiles of 64) -------------------
 
 S12 = {
-    "o": "forgot to rescale o",
-    "l": "forgot to rescale l",
-    "both": "o and l are never rescaled",
-    "align": "aligned to the END of the keys",
-    "modulo": "this output matches q_head % n_kv_heads",
-    "causal": "the causal mask is missing",
-    "scale": "the scale is missing",
-    "nan": "NaN where the poison was overwritten",
-    "unwritten": "nothing was written",
+    "o": "o is not rescaled",
+    "l": "l is not rescaled",
+    "both": "the running state is not rescaled",
+    "align": "the causal diagonal starts at the first key",
+    "modulo": "the wrong KV head",
+    "causal": "no causal mask",
+    "scale": "the scores were not scaled",
+    "nan": "NaN inside rows that are otherwise right",
+    "unwritten": "whole rows are NaN",
     "4x": "about 4x too large",
 }
 
@@ -177,29 +177,39 @@ def _stale_online_softmax(q, k, v, lens_q, lens_k, scale, rescale_o, rescale_l, 
     return out
 
 
-def test_stage_12_names_each_online_softmax_mistake():
+def _stage_12_case():
+    """The GPU tests' inputs, made on the CPU: a cached prefix of 150 keys (three key tiles)
+    for 3 queries, a plain prompt of 70, a sequence with no query; GQA 3."""
     t12 = _stage_test("12", "test_flash_attention.py")
-    # a cached prefix of 150 keys (three key tiles) for 3 queries, a plain prompt of 70, a
-    # sequence with no query; GQA 3
-    lens_q, lens_k, scale = [3, 70, 0], [150, 70, 5], 32 ** -0.5
+    lens_q, lens_k = [3, 70, 0], [150, 70, 5]
     with _OnTheCpu():
         q, k, v, cu_q, cu_k = t12.make_inputs(torch.Generator().manual_seed(12), lens_q, 6, 2, 32,
                                               lens_k=lens_k)
     assert cu_q.device.type == "cpu"
+    return t12, q, k, v, cu_q, cu_k, lens_q, lens_k
+
+
+def test_stage_12_names_each_online_softmax_mistake():
+    """course/testing/attention_mistakes.py, as both kernels' tests call it."""
+    from course.testing import attention_mistakes
+    t12, q, k, v, cu_q, cu_k, lens_q, lens_k = _stage_12_case()
+    scale = 32 ** -0.5
     phrases = list(S12.values())
 
     def cause(got):
-        return t12.likely_cause(got.bfloat16(), q, k, v, cu_q, cu_k, scale)
+        try:
+            attention_mistakes.assert_attention(got.bfloat16(), q, k, v, lens_q, lens_k, scale,
+                                                what="attention", tile_rows=64)
+        except AssertionError as e:
+            return str(e)
+        return ""
 
     right = t12.sdpa_oracle(q, k, v, cu_q, cu_k, scale)
-    _names_only(cause(right), None, phrases)
-    assert "compare with flash_attention_native" in cause(right)
+    assert cause(right) == ""
     for name, flags in (("o", dict(rescale_o=False)), ("l", dict(rescale_l=False)),
                         ("both", dict(rescale_o=False, rescale_l=False))):
         mine = _stale_online_softmax(q, k, v, lens_q, lens_k, scale,
                                      flags.get("rescale_o", True), flags.get("rescale_l", True))
-        theirs = t12.tiled_mistake(q, k, v, cu_q, cu_k, scale, **flags)
-        torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-5)
         _names_only(cause(mine), S12[name], phrases)
     oracle = dict(align=dict(align_end=False), causal=dict(causal=False),
                   modulo=dict(kv_of_head=[h % 2 for h in range(6)]))
@@ -215,16 +225,23 @@ def test_stage_12_names_each_online_softmax_mistake():
     _names_only(cause(1.5 * right), None, phrases)
 
 
-def test_stage_12_tiled_online_softmax_with_both_updates_is_attention():
-    """tiled_mistake with nothing left out is the right answer (the mistakes are one flag off
-    it), on a sequence of exactly one tile, one of one key, a cached prefix and an empty one."""
+def test_stage_12_replays_are_attention_and_its_mistakes():
+    """attention_mistakes.attention with nothing left out is the right answer, and with a
+    rescale left out it is _stale_online_softmax's (built without a loop over tiles): on a
+    sequence of exactly one tile, one of one key, a cached prefix and an empty one."""
+    from course.testing import attention_mistakes
     t12 = _stage_test("12", "test_flash_attention.py")
     lens_q, lens_k, scale = [64, 1, 5, 0, 129], [64, 1, 200, 3, 129], 0.2
     with _OnTheCpu():
         q, k, v, cu_q, cu_k = t12.make_inputs(torch.Generator().manual_seed(1), lens_q, 4, 4, 16,
                                               lens_k=lens_k)
-    torch.testing.assert_close(t12.tiled_mistake(q, k, v, cu_q, cu_k, scale),
+    replay = attention_mistakes.attention
+    torch.testing.assert_close(replay(q, k, v, lens_q, lens_k, scale),
                                t12.sdpa_oracle(q, k, v, cu_q, cu_k, scale), rtol=1e-4, atol=1e-5)
+    for rescale, o, l in (("l", False, True), ("o", True, False), ("none", False, False)):
+        torch.testing.assert_close(replay(q, k, v, lens_q, lens_k, scale, rescale=rescale),
+                                   _stale_online_softmax(q, k, v, lens_q, lens_k, scale, o, l),
+                                   rtol=1e-4, atol=1e-5)
 
 
 # -- stage 14: paged decode attention (block tables, split-K partitions) ----------------------
@@ -232,9 +249,17 @@ def test_stage_12_tiled_online_softmax_with_both_updates_is_attention():
 S14 = {
     "column": "not in column j",
     "modulo": "this output matches h % n_kv_heads",
+    "values": "scores right but values wrong",
+    "scale": "must be multiplied by scale",
+    "last_dropped": "were left out",
+    "last_whole": "it was read whole",
+    "k_end_single": "a block takes the whole context",
+    "k_end_split": "k_end is not clipped",
     "no_rescale": "without the exp",
     "plain": "plain average of the partitions",
-    "nan": "NaN in the output",
+    "empty_warp": "of the 4 warps saw no key",
+    "long_rows": "sequences longer than one partition",
+    "nan": "NaN inside rows",
 }
 
 
@@ -275,18 +300,25 @@ def test_stage_14_names_each_paged_mistake():
     assert pg.block_tables.shape[1] >= 150
     phrases = list(S14.values())
 
-    def cause(got, paged=pg, part=partition):
+    def cause(got, paged=pg, part=partition, kernel="fast"):
+        """The failure's "likely cause" line as check_paged writes it ("" when it passes)."""
         with _OnTheCpu():
-            return t14.likely_cause(got.bfloat16(), paged, scale, part)
+            try:
+                t14.check_paged(got.bfloat16(), t14.sdpa_oracle(paged, scale), paged.q, paged.k,
+                                paged.v, paged.tables, paged.lens, scale, kernel=kernel,
+                                partition=part, what="out")
+            except AssertionError as e:
+                return str(e).partition("likely cause: ")[2]
+            return ""
 
     def oracle(paged=pg, **change):
         with _OnTheCpu():
-            return t14.sdpa_oracle(paged, scale, **change)
+            return t14.attend(paged.q, paged.k, paged.v, paged.tables, paged.lens,
+                              change.pop("scale", scale), **change)
 
     right = oracle()
     for part in (0, partition):
-        _names_only(cause(right, part=part), None, phrases)
-        assert "compare with paged_decode_attention_native" in cause(right, part=part)
+        assert cause(right, part=part) == "", "the right output must pass"
     modulo = oracle(kv_of_head=[h % 2 for h in range(8)])
     for part in (0, partition):
         _names_only(cause(modulo, part=part), S14["modulo"], phrases)
@@ -295,17 +327,41 @@ def test_stage_14_names_each_paged_mistake():
         torch.testing.assert_close(oracle(merge=name, partition=partition), wrong, rtol=1e-4,
                                    atol=1e-5)
         _names_only(cause(wrong), S14[name], phrases)
-        _names_only(cause(wrong, part=0), None, phrases)   # a single pass has no split-K
     # key j read from table column j, as the GPU test sees it (NaN where nobody owns a row),
     # then with numbers in every block
-    wrong = oracle(index=lambda j, bs: j)
+    wrong = oracle(column=lambda j, bs: j)
     assert wrong.isnan().any()
     _names_only(cause(wrong), S14["column"], phrases)
     filled = t14.Paged.__new__(t14.Paged)
     filled.__dict__ |= pg.__dict__ | dict(k=_filled(pg.k, 3), v=_filled(pg.v, 4))
-    wrong = oracle(filled, index=lambda j, bs: j)
+    wrong = oracle(filled, column=lambda j, bs: j)
     _names_only(cause(wrong, filled), S14["column"], phrases)
     _names_only(cause(oracle(filled), filled), None, phrases)
+    _names_only(cause(oracle(filled, values="k"), filled), S14["values"], phrases)
+    _names_only(cause(oracle(scale=1.0)), S14["scale"], phrases)
+    _names_only(cause(oracle(keys=lambda n: n - n % 4 if n > 4 else n)), S14["last_dropped"],
+                phrases)
+    _names_only(cause(oracle(filled, keys=lambda n: -(-n // 4) * 4), filled),
+                S14["last_whole"], phrases)
+    # the single pass's k_end = min(len, k_begin + keys): rows past 256 keys never written
+    # (NaN, the poison); split-K's k_end not clipped: the last partition reads past the length
+    with _OnTheCpu():
+        long_pg = t14.Paged(torch.Generator().manual_seed(15), [300, 9, 0, 70], 8, 2, 16,
+                            block_size=4, extra_columns=2)
+    unwritten = oracle(long_pg)
+    unwritten[0] = float("nan")
+    _names_only(cause(unwritten, long_pg, part=0), S14["k_end_single"], phrases)
+    wrong = oracle(filled, keys=lambda n: -(-n // partition) * partition)
+    _names_only(cause(wrong, filled), S14["k_end_split"], phrases)
+    # a warp that saw no key merged into NaN: the short sequence's rows (9 keys), simple kernel
+    empty = right.clone()
+    empty[1] = float("nan")
+    _names_only(cause(empty, kernel="simple", part=0), None, phrases)   # 9 keys fill 4 warps
+    _names_only(cause(empty, part=0), S14["empty_warp"], phrases)       # 9 < 4 steps of 16
+    # the merge wrong in some other way: only the rows longer than one partition
+    merged = right.clone()
+    merged[[0, 3]] *= 0.5
+    _names_only(cause(merged), S14["long_rows"], phrases)
     nan = right.clone()
     nan[3, 0, 0] = float("nan")
     _names_only(cause(nan), S14["nan"], phrases)

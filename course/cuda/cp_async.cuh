@@ -10,7 +10,7 @@
 
 // With ok = false nothing is read and the 16 bytes are zero-filled. L2::128B: the L2 fetches the
 // whole 128-byte line from memory at once (as CUTLASS asks), not sector by sector; stage 14's
-// 64x1024 row took 41.3 us with it, 42.1-42.2 without, in one call (H200, nineteenth session;
+// 64x1024 row took 41.3 us with it, 42.1-42.2 without, in one call (H200;
 // 256B: 42.5).
 __device__ __forceinline__ void copy16(uint4* dst, const void* src, bool ok) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -71,6 +71,24 @@ def first_mismatches(bad: torch.Tensor, limit: int = 5) -> list[tuple[int, ...]]
     return [tuple(int(v) for v in row) for row in idx]
 
 
+def tolerance(dtype: torch.dtype, atol: float | None = None,
+              rtol: float | None = None) -> tuple[float, float]:
+    """(atol, rtol): the given ones, else TOLERANCES[dtype] (0, 0 for a dtype not listed)."""
+    d_atol, d_rtol = TOLERANCES.get(dtype, (0.0, 0.0))
+    return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
+
+
+def mismatch(got: torch.Tensor, expected: torch.Tensor, *, atol: float,
+             rtol: float) -> torch.Tensor:
+    """Which elements differ: |got - expected| > atol + rtol |expected|, NaN where the other
+    is not, an infinity that is not the expected one. A bool tensor of got's shape (on the CPU)."""
+    g, e = got.detach().double().cpu(), expected.detach().double().cpu()
+    bad = (g - e).abs() > atol + rtol * e.abs()
+    bad |= g.isnan() != e.isnan()
+    bad |= g.isinf() & (g != e)
+    return bad
+
+
 def assert_close(got: torch.Tensor, expected: torch.Tensor, *, what: str = "output",
                  dtype: torch.dtype | None = None, hint: str = "",
                  atol: float | None = None, rtol: float | None = None) -> None:
@@ -79,15 +97,11 @@ def assert_close(got: torch.Tensor, expected: torch.Tensor, *, what: str = "outp
         raise AssertionError(f"{what}: expected shape {tuple(expected.shape)}, "
                              f"got {tuple(got.shape)}{_replay()}")
     dtype = dtype or got.dtype
-    d_atol, d_rtol = TOLERANCES.get(dtype, (0.0, 0.0))
-    atol = d_atol if atol is None else atol
-    rtol = d_rtol if rtol is None else rtol
+    atol, rtol = tolerance(dtype, atol, rtol)
     g = got.detach().double().cpu()
     e = expected.detach().double().cpu()
     unwritten = g.isnan() & ~e.isnan()
-    bad = (g - e).abs() > atol + rtol * e.abs()
-    bad |= g.isnan() != e.isnan()
-    bad |= g.isinf() & (g != e)
+    bad = mismatch(g, e, atol=atol, rtol=rtol)
     if not bad.any():
         return
     lines = [f"{what}: {int(bad.sum())} of {bad.numel()} elements differ "

@@ -13,6 +13,8 @@ Three measures, each with a message that says where things went apart:
   may legitimately pick differently: at a NEAR-TIE, where transformers' own logits put our
   token within `tie_tolerance` of its choice. After such a step the two continuations
   differ, so the comparison stops there; any other divergence fails.
+- `assert_bf16_forward_close`: on the GPU, every layer's output and the logits within
+  `bf16_tolerance` of transformers' bf16 forward, its own error against float32 measured.
 """
 from __future__ import annotations
 
@@ -161,3 +163,36 @@ def assert_greedy_agrees(ours: list[int], theirs: list[int], their_logits: list[
                              f"  ours:   {ours}\n  theirs: {theirs}\n  likely cause: stopping "
                              "(stop after emitting an end-of-sequence id, or at max tokens)")
     return f"{what}: all {len(ours)} tokens equal"
+
+
+BF16_TOL = 2e-2
+
+
+def bf16_tolerance(noise: float) -> float:
+    """The error allowed between two bf16 forwards: each is about `noise` (transformers' bf16
+    error against its float32 forward of the same weights) from the float32 result, so they
+    are within 2 * noise of each other (the triangle inequality); never below BF16_TOL."""
+    return max(BF16_TOL, 2 * noise)
+
+
+def assert_bf16_forward_close(name: str, ours: LlamaModel, hf: LlamaForCausalLM,
+                              hf32: LlamaForCausalLM, ids: Sequence[int], hint: str = "") -> str:
+    """Our bf16 model's residual stream after every layer and last-token logits against
+    transformers' bf16 `hf`, each within bf16_tolerance of the noise measured against `hf32`
+    (the same weights in float32). Returns a one-line report: per layer, our error / noise."""
+    logits, hidden = our_logits(ours, [ids], return_hidden=True)
+    hf_logits, hf_hidden = hf_forward(hf, ids)
+    f32_logits, f32_hidden = hf_forward(hf32, ids)
+    assert len(hidden) == len(hf_hidden) == ours.config.num_hidden_layers
+    report = []
+    for i, (a, b, truth) in enumerate(zip(hidden, hf_hidden, f32_hidden)):
+        noise = rel_error(b, truth)
+        err = assert_rel_close(a, b, bf16_tolerance(noise),
+                               f"{name}: residual stream after layer {i}",
+                               hint=f"transformers' own bf16 error here is {noise:.2e}, ours vs "
+                                    f"float32 is {rel_error(a, truth):.2e}{hint}")
+        report.append(f"{i}:{err:.1e}/{noise:.1e}")
+    noise = rel_error(hf_logits[-1:], f32_logits[-1:])
+    err = assert_rel_close(logits, hf_logits[-1:], bf16_tolerance(noise), f"{name}: logits")
+    return (f"{name}: layer: ours-vs-transformers / transformers-bf16-vs-fp32: "
+            f"{' '.join(report)}; logits {err:.1e}/{noise:.1e}")

@@ -9,6 +9,12 @@
     judge.py        pytest plugin: tests run here, student parts are proxies to...
     harness.py      ...the worker, the sandboxed process that holds the student's code
     protocol.py     the wire between them (replies decoded without resolving any global)
+    snapshot.py     plain attributes that travel with a reply: reads without a round trip
+    shards.py       `--shard I/N`: who is graded where; what merge checks
+    merge.py        `python3 -m grader merge SHARD...`: one class's reports from its shards
+    reports.py      CSV, JSON, JUnit and similarity reports, from the grades alone
+    autograde.py    a student's repository graded for GitHub Classroom's reporter
+    templates/      Slurm, GitHub Actions and GitHub Classroom templates to copy
     similarity.py   shared lines with the reference and between classmates
     text.py         XML-safe, byte-capped text for reports
 

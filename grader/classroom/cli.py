@@ -7,16 +7,18 @@ a run that is killed keeps what it did; `--resume` grades only what is missing. 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from course import manifest
 from grader import arguments, environment, report, runner
-from grader.classroom import collect, grade, sandbox, similarity, submission
+from grader.classroom import collect, grade, reports, sandbox, shards, similarity, submission
 from grader.classroom.text import clean
 
 
@@ -44,6 +46,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "(default: SUBMISSIONS-progress.jsonl beside SUBMISSIONS)")
     p.add_argument("--resume", action="store_true",
                    help="keep the results already in the progress file; grade the rest")
+    p.add_argument("--shard", metavar="I/N",
+                   help="grade only the I-th of N shards of the class (a student's shard "
+                        "depends on the name alone); join them with `grader merge`")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S",
                    help="seconds one test (or one call into student code) may take (default %(default)s)")
     p.add_argument("--compile-timeout", type=float, default=180.0, metavar="S",
@@ -59,6 +64,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     arguments.writable_files(p, csv=args.csv, json=args.json, junit=args.junit,
                              similarity=args.similarity, progress=args.progress)
     arguments.replay_seed(p)
+    try:
+        args.shard = shards.parse(args.shard) if args.shard else (1, 1)
+    except shards.ShardError as e:
+        p.error(str(e))
     if args.extra_tests:   # the tests run with the course as their working folder
         args.extra_tests = args.extra_tests.resolve()
     return args
@@ -66,10 +75,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    # torch's OpenMP threads spin for a while after each parallel region; in the judge, which
+    # waits for the worker between every call, and on a machine shared with other work, the
+    # spinning took the CPU the worker needed (stage 11's soak test on a loaded 2-core
+    # machine: 115 s of CPU instead of 13). The instructor's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if not args.submissions.is_dir():
         raise manifest.UnknownStage(f"{args.submissions} is not a directory of submissions")
     subs = args.submissions.resolve()
-    args.progress = args.progress or subs.with_name(subs.name + "-progress.jsonl")
+    index, count = args.shard
+    args.progress = args.progress or subs.with_name(
+        subs.name + ("-progress.jsonl" if count == 1 else f"-shard-{index}-of-{count}.jsonl"))
     if args.stages is not None and not args.stages.strip(" ,"):
         raise manifest.UnknownStage(f"--stages {args.stages!r} names no stage")
     chosen = (list(dict.fromkeys(manifest.find_ready(x) for x in args.stages.split(",")
@@ -81,6 +97,7 @@ def main(argv: list[str]) -> int:
         raise manifest.UnknownStage(f"{args.submissions} holds no student folders: nothing to "
                                     "grade (SUBMISSIONS is the folder that holds one folder per "
                                     "student)")
+    students = [s for s in students if shards.shard_of(s.name, count) == index]
     if any(s.name == similarity.REFERENCE for s in students):
         raise manifest.UnknownStage(
             f"{subs / similarity.REFERENCE} is a student named {similarity.REFERENCE!r}, the "
@@ -119,12 +136,19 @@ def _grade_class(args: argparse.Namespace, chosen: list[manifest.Stage],
                               args.verbose, args.student_timeout,
                               hidden=[p for p in hidden if p not in SYSTEM])
     done = load_progress(args.progress) if args.resume else {}
+    kept_shard = shards.shard_in(args.progress) if args.resume else None
+    if kept_shard not in (None, args.shard):
+        print(f"error: --resume: {args.progress} holds shard {kept_shard[0]}/{kept_shard[1]}, "
+              f"not {args.shard[0]}/{args.shard[1]}: give each shard its own --progress file",
+              file=sys.stderr)
+        return 2
     mismatch = resume_mismatch(done, basis)
     if mismatch:
         print(f"error: --resume: the grades in {args.progress} {mismatch}", file=sys.stderr)
         return 2
     args.progress.parent.mkdir(parents=True, exist_ok=True)
-    args.progress.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+    head = shards.header(*args.shard, [s.id for s in chosen], [s.name for s in students])
+    args.progress.write_text("".join(json.dumps(r) + "\n" for r in [head, *done.values()]))
     shared_tests = [s.tests_dir() for s in chosen] + ([args.extra_tests] if args.extra_tests
                                                       else [])
     guarded = fingerprint(shared_tests)
@@ -146,7 +170,7 @@ def _grade_class(args: argparse.Namespace, chosen: list[manifest.Stage],
                     return 3
                 record = {"student": clean(student.name, 200), **report.as_dict(result),
                           "problems": [clean(p, 500) for p in problems],
-                          "basis": basis[stage.id]}
+                          "basis": basis[stage.id], "lines": _lines(student, stage)}
                 append(args.progress, record)
                 done[student.name, stage.id] = record
                 print(f"{clean(student.name, 200):<24} stage {stage.id}: "
@@ -174,7 +198,7 @@ def load_progress(path: Path) -> dict[tuple[str, str], dict]:
         for line in path.read_text(errors="replace").splitlines():
             try:
                 record = json.loads(line)
-                done[record["student"], record["stage"]] = record
+                done[record["student"], record["stage"]] = record   # the header: KeyError
             except (ValueError, KeyError, TypeError):
                 continue   # the line being written when the run was killed
     return done
@@ -205,7 +229,7 @@ def fingerprint(roots: list[Path], cases: list[collect.Case] | None = None) -> s
     return h.hexdigest()
 
 
-LIMITS = ("timeout", "compile_timeout", "student_timeout")
+LIMITS = shards.LIMITS
 
 
 def grade_basis(stage: manifest.Stage, cases: list[collect.Case],
@@ -216,7 +240,19 @@ def grade_basis(stage: manifest.Stage, cases: list[collect.Case],
     hidden = runner.hidden_counts(stage, args.extra_tests, [c.name for c in cases])
     return {"tests": fingerprint(runner.test_paths(stage, args.extra_tests), cases),
             "hidden_tests": sum(n for _, n in hidden), "cuda": environment.has_cuda(),
-            **{limit: getattr(args, limit) for limit in LIMITS}}
+            "device": device_kind(), **{limit: getattr(args, limit) for limit in LIMITS}}
+
+
+@functools.lru_cache(maxsize=1)
+def device_kind() -> str:
+    """The GPU the GPU tests run on ("none" without one): shards graded on different GPUs
+    are not one class's run. Asked in a child process: a CUDA context here would hold GPU
+    memory for the whole run, beside every student's tests."""
+    if not environment.has_cuda():
+        return "none"
+    name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda."
+                           "get_device_name(0))"], capture_output=True, text=True, timeout=120)
+    return name.stdout.strip() or "cuda"
 
 
 def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -> str:
@@ -230,17 +266,7 @@ def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -
         if not isinstance(then, dict):
             return ("do not say what they were graded against (an older grader wrote them): "
                     "run without --resume to grade afresh")
-        if then.get("tests") != now["tests"]:
-            differ.append(f"stage {stage_id}'s tests differ ({then.get('hidden_tests')} hidden "
-                          f"tests then, {now['hidden_tests']} now)"
-                          if then.get("hidden_tests") != now["hidden_tests"] else
-                          f"stage {stage_id}'s tests have changed since")
-        differ += [f"--{limit.replace('_', '-')} {_number(then.get(limit))} then, "
-                   f"{_number(now[limit])} now"
-                   for limit in LIMITS if then.get(limit) != now[limit]]
-        if then.get("cuda") != now["cuda"]:
-            differ.append("graded with{} a CUDA device then, with{} one now".format(
-                *("" if cuda else "out" for cuda in (then.get("cuda"), now["cuda"]))))
+        differ += shards.basis_differences(stage_id, then, now)
     if not differ:
         return ""
     return (f"were made against other tests or limits ({'; '.join(dict.fromkeys(differ))}): "
@@ -248,47 +274,19 @@ def resume_mismatch(done: dict[tuple[str, str], dict], basis: dict[str, dict]) -
             "or this one without --resume to grade afresh")
 
 
-def _number(value: object) -> str:
-    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
-
-
-def _result(record: dict) -> runner.StageResult:
-    result = runner.StageResult(manifest.find(record["stage"]), record["selection"],
-                                errors=record["errors"], build=record["build"])
-    result.tests = [runner.TestResult(**t) for t in record["tests"]]
-    return result
+def _lines(student: submission.Student, stage: manifest.Stage) -> list[list[str]]:
+    return [] if student.invalid else reports.lines_of(
+        submission.read_parts(student, stage).files, stage)
 
 
 def write_reports(args: argparse.Namespace, chosen: list[manifest.Stage],
                   students: list[submission.Student], done: dict[tuple[str, str], dict]
                   ) -> bool:
-    """The CSV, JSON, JUnit and similarity reports, each on its own; False if one failed."""
-    pairs = []
-    for stage in chosen:
-        files = {s.name: submission.read_parts(s, stage).files for s in students if not s.invalid}
-        pairs += similarity.report(stage, files)
-    flagged: dict[tuple[str, str], list[dict]] = {}
-    for pair in pairs:
-        flagged.setdefault((pair.a, pair.stage), []).append(pair.as_dict())
-    rows, records, suites = [], [], []
+    """The CSV, JSON, JUnit and similarity reports, each on its own; False if one failed.
+    Grades kept from an older progress file get their lines from the submission."""
     for student in students:
-        row = {"student": clean(student.name, 200)}
         for stage in chosen:
-            record = {k: v for k, v in done[student.name, stage.id].items() if k != "basis"}
-            record["similar"] = flagged.get((student.name, stage.id), [])
-            records.append(record)
-            suites.append((record["student"], _result(record)))
-            row[f"stage_{stage.id}"] = f"{record['score']:g}"
-        row["total"] = f"{sum(float(row[f'stage_{s.id}']) for s in chosen):g}"
-        rows.append(row)
-    for p in pairs:
-        print(f"similar: {p.a} stage {p.stage}: {p.share:.0%} of {p.lines} lines also in "
-              f"{p.b}'s")
-    writers = [
-        (args.csv, lambda: report.write_csv(args.csv, rows)),
-        (args.json, lambda: report.write_json(args.json, records, always_list=True)),
-        (args.junit, lambda: report.write_junit(args.junit, suites)),
-        (args.similarity, lambda: report.write_text(
-            args.similarity, json.dumps([p.as_dict() for p in pairs], indent=2))),
-    ]
-    return report.write_each([(path, write) for path, write in writers if path])
+            if "lines" not in done[student.name, stage.id]:
+                done[student.name, stage.id]["lines"] = _lines(student, stage)
+    outputs = reports.Outputs(args.csv, args.json, args.junit, args.similarity)
+    return reports.write(outputs, chosen, [s.name for s in students], done)

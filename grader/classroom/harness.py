@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grader.classroom import protocol
+from grader.classroom import protocol, snapshot
 from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
 
 if TYPE_CHECKING:   # torch is used here only once student code has loaded it
@@ -76,6 +76,7 @@ class Worker:
         self.pending: dict[int, bytes] = {}
         self.loading: set[int] = set()
         self.touched: set[int] = set()
+        self.pure = False      # whether the request being answered ran no student code
 
     # --- frames from the judge ----------------------------------------------------------
     def receive(self) -> tuple:
@@ -109,6 +110,7 @@ class Worker:
         return self.replicas[rid]
 
     def answer(self, request: tuple) -> None:
+        self.pure = False
         try:
             payload = self.reply(self.handle(request))
         except BaseException as e:   # SystemExit, KeyboardInterrupt, pytest.exit: all answers
@@ -122,13 +124,18 @@ class Worker:
             from course import parts
             return parts.load(*args)
         if op == "getattr":
-            return getattr(self.objects[args[0]], args[1])
+            obj, name = self.objects[args[0]], args[1]
+            if snapshot.plain_attribute(obj, name):
+                self.pure = True
+                return vars(obj)[name]
+            return getattr(obj, name)
         if op == "setattr":
             setattr(self.objects[args[0]], args[1], args[2])
             return None
         if op == "call":
             return self.objects[args[0]](*args[1], **args[2])
         if op == "op" and args[1] in OPERATORS:
+            self.pure = snapshot.pure_operator(self.objects[args[0]], args[1])
             return self.operator(self.objects[args[0]], args[1], args[2])
         raise ValueError(f"unknown request {op!r}")
 
@@ -159,12 +166,13 @@ class Worker:
         ctx = _context()
         value = _dumps(self.encode((args, kwargs), ctx))
         protocol.write_frame(self.proto[1], pickle.dumps(self.envelope(
-            ctx, value=value, callback=(jid, name)), protocol=5))
+            ctx, value=value, callback=(jid, name), snapshots=self.snapshots(ctx)), protocol=5))
         while True:
             message = self.receive()
             if message[0] == "answer":
                 break
             self.answer(message)
+        self.pure = False          # a request answered meanwhile said nothing of this one
         _, status, result = message
         if status != "ok":
             what = f"{name}() of the test's object" if name else "the test's function"
@@ -172,9 +180,11 @@ class Worker:
         return result
 
     def envelope(self, ctx: dict, value: bytes = b"", error: tuple[int, str, str] | None = None,
-                 callback: tuple[int, str | None] | None = None) -> dict:
+                 callback: tuple[int, str | None] | None = None,
+                 snapshots: dict[int, dict[str, bytes]] | None = None) -> dict:
         """A reply, with the attributes of the objects kept in step that the request was
-        given (or that the reply names)."""
+        given (or that the reply names), whether the request ran student code, and the
+        snapshots of the student objects the reply names (snapshot.py)."""
         synced: dict[int, bytes] = {}
         todo, done = self.touched | ctx["synced"], set()
         while todo:
@@ -188,7 +198,9 @@ class Worker:
             todo |= ctx["synced"] - done
         return {"value": value, "error": error, "callback": callback,
                 "storages": {ctx["order"][k]: v for k, v in ctx["storages"].items()},
-                "classes": ctx["classes"], "synced": synced}
+                "classes": ctx["classes"], "synced": synced,
+                "pure": self.pure and error is None and callback is None,
+                "snapshots": snapshots or {}}
 
     # --- replies ------------------------------------------------------------------------
     def handle_of(self, obj: object) -> int:
@@ -199,11 +211,15 @@ class Worker:
         return self.ids[key]
 
     def encode(self, value: object, ctx: dict, depth: int = 0) -> object:
+        """The value as the judge may decode it. For a snapshot (ctx["plain"]) only plain
+        data, containers of it and handles: anything else raises snapshot.NotPlain."""
         if depth > MAX_DEPTH:
             raise ValueError(f"the return value is nested more than {MAX_DEPTH} levels deep")
         t = type(value)
         if t in PLAIN:
             return value
+        if ctx["plain"] and t in snapshot.BUILTIN_CONTAINERS and len(value) > snapshot.MAX_ITEMS:
+            raise snapshot.NotPlain
         if t in (list, tuple, set, frozenset):
             if all(type(v) in PLAIN for v in value):   # token ids: the common case, fast
                 return value
@@ -212,6 +228,10 @@ class Worker:
             return {self.encode(k, ctx, depth + 1): self.encode(v, ctx, depth + 1)
                     for k, v in value.items()}
         torch = sys.modules.get("torch")
+        if ctx["plain"] and (id(value) in self.replica_ids
+                             or (torch is not None and isinstance(value, torch.Tensor))
+                             or (isinstance(value, type) and issubclass(value, BaseException))):
+            raise snapshot.NotPlain
         if torch is not None:
             if isinstance(value, torch.Tensor):
                 return self.encode_tensor(value, ctx)
@@ -231,7 +251,9 @@ class Worker:
         kind = ("module" if t.__name__ == "module" else "class" if isinstance(value, type)
                 else "callable" if callable(value) else "object")
         label = getattr(value, "__qualname__", None) or t.__qualname__
-        return _Pid(("obj", self.handle_of(value), kind, str(label)[:200]))
+        hid = self.handle_of(value)
+        ctx["named"].append((hid, value))
+        return _Pid(("obj", hid, kind, str(label)[:200]))
 
     def register_class(self, cls: type, ctx: dict) -> int:
         hid = self.handle_of(cls)
@@ -283,13 +305,23 @@ class Worker:
         except BaseException as e:   # an unsendable value is the student's error, not ours
             return self.reply(error=ValueError(f"could not send the return value back "
                                                f"({type(e).__name__}: {_safe_str(e)})"))
-        return pickle.dumps(self.envelope(ctx, value=encoded), protocol=5)
+        return pickle.dumps(self.envelope(ctx, value=encoded, snapshots=self.snapshots(ctx)),
+                            protocol=5)
+
+    def snapshots(self, ctx: dict) -> dict[int, dict[str, bytes]]:
+        """The plain attributes of the student objects the message names (snapshot.py)."""
+        plain = {**_context(), "plain": True, "named": ctx["named"]}
+        try:
+            return snapshot.collect(ctx["named"], lambda v: self.encode(v, plain), _dumps)
+        except Exception:   # a class that defeats the checks: the judge asks instead
+            return {}
 
 
 def _context() -> dict:
-    """What encoding one message collects: tensor storages, exception classes, and the
-    objects kept in step that it names."""
-    return {"storages": {}, "order": {}, "classes": {}, "synced": set()}
+    """What encoding one message collects: tensor storages, exception classes, the objects
+    kept in step and the student objects (handles) that it names."""
+    return {"storages": {}, "order": {}, "classes": {}, "synced": set(), "named": [],
+            "plain": False}
 
 
 def _dumps(tree: object) -> bytes:

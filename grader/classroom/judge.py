@@ -42,7 +42,7 @@ import types
 from pathlib import Path
 
 from course import manifest, parts
-from grader.classroom import protocol, sandbox
+from grader.classroom import protocol, sandbox, snapshot
 from grader.classroom.protocol import PLAIN, REFERENCE_MODULES
 from grader.classroom.harness import SHARED_ENV
 from grader.pytest_plugin import TimedOut
@@ -88,6 +88,11 @@ class Remote:
     def __getattr__(self, name: str):
         if name.startswith("__"):   # copy/pickle/inspect probes stay local
             raise AttributeError(name)
+        conn = self._r_conn
+        if self._r_gen == conn.gen:   # a plain attribute the last replies brought along
+            value = conn.snapshots.read(self._r_hid, name, conn.snapshot_value)
+            if value is not snapshot.Snapshots.MISSING:
+                return value
         return self._r("getattr", name)
 
     def __setattr__(self, name: str, value) -> None:
@@ -159,6 +164,7 @@ class Connection:
         self.synced_digest: dict[int, str] = {}   # ... and the version the worker holds
         self.extra_tests = [Path(h).resolve() for h in config.get("extra_tests", ())]
         self.test_modules: dict[str, bool] = {}   # module name -> defined by the tests?
+        self.snapshots = snapshot.Snapshots()     # plain attributes read without a request
 
     # --- the process ----------------------------------------------------------------------
     def start(self) -> None:
@@ -169,6 +175,7 @@ class Connection:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                "HOME": c["shared"], "PYTHONPATH": c["worker_root"],
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0",
+               "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                SHARED_ENV: c["shared"], "TINYVLLM_CACHE": str(Path(c["shared"]) / ".cache"),
                **parts.selection_env(c["student_stages"], Path(c["student_root"]))}
         mounts = sandbox.Mounts([Path(c["worker_root"]), Path(c["student_root"])],
@@ -181,6 +188,7 @@ class Connection:
         self.kept.clear()
         self.synced.clear()
         self.synced_digest.clear()
+        self.snapshots.clear()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -258,6 +266,8 @@ class Connection:
             if self.synced_digest.get(id(obj)) != digest:
                 frame.states[id(obj)] = data
                 self.synced_digest[id(obj)] = digest
+        if frame.states:    # a student object may hold a list of an object updated now
+            self.snapshots.clear()
         return pickle.dumps(("sync", frame.states, body), protocol=5)
 
     def _pickle(self, value: object, frame: _Frame, top: object = None) -> bytes:
@@ -342,9 +352,9 @@ class Connection:
 
     # --- replies --------------------------------------------------------------------------
     def _decode(self, envelope):
-        if not (isinstance(envelope, dict) and set(envelope) == {"value", "error", "callback",
-                                                                  "storages", "classes",
-                                                                  "synced"}):
+        if not (isinstance(envelope, dict) and set(envelope) == {
+                "value", "error", "callback", "storages", "classes", "synced", "pure",
+                "snapshots"}):
             raise self._died("sent a reply of the wrong shape")
         classes, storages = envelope["classes"], envelope["storages"]
         if not (isinstance(classes, dict) and isinstance(storages, dict)
@@ -352,6 +362,7 @@ class Connection:
             raise self._died("sent a reply of the wrong shape")
         built: dict[int, object] = {}
         try:
+            self.snapshots.take(envelope)
             self._apply(envelope["synced"], classes, storages, built)
         except protocol.ProtocolError as e:
             raise self._died(f"sent an invalid reply: {e}") from None
@@ -375,6 +386,17 @@ class Connection:
             raise self._died("sent a reply of the wrong shape")
         try:
             return protocol.safe_loads(envelope["value"], persistent)
+        except protocol.ProtocolError as e:
+            raise self._died(f"sent an invalid reply: {e}") from None
+
+    def snapshot_value(self, data: bytes) -> object:
+        """An attribute's value from a snapshot: plain data and handles only."""
+        def persistent(pid):
+            if not (isinstance(pid, tuple) and pid and pid[0] in snapshot.SNAPSHOT_PIDS):
+                raise protocol.ProtocolError(f"a snapshot naming {str(pid)[:80]}")
+            return self._object(pid, {}, {}, {})
+        try:
+            return protocol.safe_loads(data, persistent)
         except protocol.ProtocolError as e:
             raise self._died(f"sent an invalid reply: {e}") from None
 

@@ -77,9 +77,15 @@ def meaningful(files: dict[str, bytes], stage: manifest.Stage) -> set[tuple[str,
 def report(stage: manifest.Stage, submissions: dict[str, dict[str, bytes]],
            threshold: float = THRESHOLD) -> list[Pair]:
     """Suspicious pairs for one stage, most similar first."""
+    return report_lines(stage, {name: meaningful(files, stage)
+                                for name, files in submissions.items()}, threshold)
+
+
+def report_lines(stage: manifest.Stage, lines: dict[str, set[tuple[str, str]]],
+                 threshold: float = THRESHOLD) -> list[Pair]:
+    """report() from each submission's meaningful lines (what a class grade keeps)."""
     reference = {p: (stage.solution_dir() / p).read_bytes() for p in stage.parts
                  if (stage.solution_dir() / p).exists()}
-    lines = {name: meaningful(files, stage) for name, files in submissions.items()}
     others = {**lines, REFERENCE: meaningful(reference, stage)}
     pairs = []
     for a, mine in lines.items():

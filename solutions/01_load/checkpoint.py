@@ -1,5 +1,5 @@
-"""Load a Llama checkpoint in Hugging Face layout and check that it is the model config.json
-describes, tensor by tensor, before any kernel touches it.
+"""Load a checkpoint (Llama, Mistral, Qwen2, Qwen3) in Hugging Face layout and check that it
+is the model config.json describes, tensor by tensor, before any kernel touches it.
 
 A checkpoint is either one file, model.safetensors, or shards with an index:
 
@@ -36,7 +36,7 @@ INDEX = "model.safetensors.index.json"
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama with this ModelConfig needs, by Hugging Face name, with its shape.
+    """Every tensor a model with this ModelConfig needs, by Hugging Face name, with its shape.
 
     Linear weights are stored [out_features, in_features] (y = x @ W.T):
         model.embed_tokens.weight                        [vocab, hidden]
@@ -51,8 +51,15 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         model.layers.{i}.mlp.down_proj.weight            [hidden, intermediate]
         model.norm.weight                                [hidden]
         lm_head.weight                                   [vocab, hidden]  (not when tied)
+
+    and in each layer, with config.qkv_bias (Qwen2) and config.qk_norm (Qwen3):
+        model.layers.{i}.self_attn.q_proj.bias           [heads * head_dim]
+        model.layers.{i}.self_attn.k_proj.bias           [kv_heads * head_dim]
+        model.layers.{i}.self_attn.v_proj.bias           [kv_heads * head_dim]
+        model.layers.{i}.self_attn.q_norm.weight         [head_dim]
+        model.layers.{i}.self_attn.k_norm.weight         [head_dim]
     """
-    # BEGIN SOLUTION: build the dict above from config's sizes, one group per layer
+    # BEGIN SOLUTION: build the dict above from config's sizes, one group per layer (with the family's biases and q/k norms)
     h, hd = config.hidden_size, config.head_dim
     q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
     inter = config.intermediate_size
@@ -70,6 +77,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (inter, h),
             p + "mlp.down_proj.weight": (h, inter),
         })
+        if config.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if config.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (hd,),
+                           p + "self_attn.k_norm.weight": (hd,)})
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
@@ -164,6 +177,8 @@ def load_weights(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str,
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
+# a family's attention tensors (Qwen's biases and q/k norms): left out, the model is another
+FAMILY_TENSOR = re.compile(r"model\.layers\.\d+\.self_attn\.(\w_proj\.bias|[qk]_norm\.weight)$")
 
 
 def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -171,7 +186,8 @@ def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str,
     this): every tensor floating point (an int32 embedding would load and answer noise) and
     finite (one NaN spreads to every logit: the reply is token 0 over and over), and no layer
     in the files beyond config.num_hidden_layers (a config that counts fewer layers than the
-    checkpoint has would run a truncated model without a word)."""
+    checkpoint has would run a truncated model without a word), and no q/k/v bias or q/k norm
+    the config's family lacks (a Qwen2 checkpoint under a Llama config would drop its biases)."""
     weights = load_weights(model_dir, config)
     where, files = weight_files(model_dir)
     for name, t in weights.items():
@@ -187,4 +203,9 @@ def load_checked(model_dir: str | os.PathLike, config: ModelConfig) -> dict[str,
     if layers and max(layers) >= config.num_hidden_layers:
         raise CheckpointError(f"{where} holds layers up to model.layers.{max(layers)}, but the "
                               f"config says num_hidden_layers={config.num_hidden_layers}")
+    stray = sorted(n for n in files if FAMILY_TENSOR.match(n) and n not in weights)
+    if stray:
+        raise CheckpointError(f"{where} holds {stray[0]}, which a {config.model_type!r} model "
+                              "with this config.json does not have: the config does not "
+                              "describe this checkpoint")
     return weights

@@ -1,4 +1,5 @@
 // torch.ops.tinyvllm.linear: checks, then the launcher in gemm.cu on torch's cuBLAS handle.
+// torch.ops.tinyvllm.gemv: checks, then a decode step's GEMV: gemv_simple.cu's or gemv.cu's.
 // torch.ops.tinyvllm.linear_silu_mul: checks, then gemv.cu's GEMV with the SiLU-mul epilogue.
 // torch.ops.tinyvllm.rmsnorm_linear: checks, then gemv.cu's one-token GEMV with stage 04's
 // (fused add and) RMSNorm as its prologue; rmsnorm_linear_fits says where it runs.
@@ -10,7 +11,12 @@
 
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
                            cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
-                           int64_t tokens, int64_t in_features, int64_t out_features, bool gemv);
+                           int64_t tokens, int64_t in_features, int64_t out_features);
+tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
+                         int64_t in_features, int64_t out_features, cudaStream_t stream);
+tvllm_status launch_gemv_simple(const void* x, const void* weight, void* y, bool y_f32,
+                                int64_t tokens, int64_t in_features, int64_t out_features,
+                                cudaStream_t stream);
 tvllm_status launch_gemv_silu_mul(const void* x, const void* weight, void* y, int64_t tokens,
                                   int64_t in_features, int64_t inter, cudaStream_t stream);
 bool gemv_norm_fits(int64_t in_features, int64_t out_features);
@@ -29,28 +35,46 @@ cudaDataType_t cuda_dtype(at::ScalarType t) {
   return CUDA_R_32F;
 }
 
-// x: [tokens, in], weight: [out, in] -> out: [tokens, out]; one dtype for all three.
-// gemv: false cuBLAS only, true gemv.cu for 1-8 bf16 tokens (see gemm.cu).
-void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool gemv) {
-  const cudaDataType_t dtype = cuda_dtype(x.scalar_type());
+// Checks x: [tokens, in], weight: [out, in] of x's dtype and out: [tokens, out] of x's dtype
+// or float32 (for logits: no rounding of the float32 accumulator); returns out's CUDA type.
+at::ScalarType check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out,
+                            const char* op) {
   tvllm::check_tensor(x, "x", x.scalar_type(), 2);
   tvllm::check_tensor(weight, "weight", x.scalar_type(), 2);
-  // out is x's dtype, or float32 (for logits: no rounding of the float32 accumulator)
   const at::ScalarType out_type = out.scalar_type() == at::kFloat ? at::kFloat : x.scalar_type();
   tvllm::check_tensor(out, "out", out_type, 2);
   tvllm::check_same_device(x, weight);
   tvllm::check_same_device(x, out);
-  TORCH_CHECK(weight.size(1) == x.size(1), "linear: x has ", x.size(1),
+  TORCH_CHECK(weight.size(1) == x.size(1), op, ": x has ", x.size(1),
               " features but weight is [out, in] = ", weight.sizes(), " (in must match)");
-  TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), "linear: out must be [",
+  TORCH_CHECK(out.size(0) == x.size(0) && out.size(1) == weight.size(0), op, ": out must be [",
               x.size(0), ", ", weight.size(0), "], got ", out.sizes());
+  return out_type;
+}
+
+// x: [tokens, in], weight: [out, in] -> out: [tokens, out], through cuBLAS.
+void linear(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out) {
+  const cudaDataType_t dtype = cuda_dtype(x.scalar_type());
+  const at::ScalarType out_type = check_linear(x, weight, out, "linear");
   c10::cuda::CUDAGuard guard(x.device());
   // torch binds its handle to the current stream (and its workspace) when handing it out.
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   tvllm::check_launch(launch_linear(handle, tvllm::stream(), dtype, cuda_dtype(out_type), x.data_ptr(),
                                     weight.data_ptr(), out.data_ptr(), x.size(0), x.size(1),
-                                    weight.size(0), gemv),
+                                    weight.size(0)),
                       "linear");
+}
+
+// The same product for 1-8 bf16 tokens (in % 8 == 0, 16-byte aligned: else the launcher says
+// so): simple = true gemv_simple.cu's kernel (part 1), false gemv.cu's (part 2).
+void gemv(const at::Tensor& x, const at::Tensor& weight, at::Tensor& out, bool simple) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16, "gemv: x must be bfloat16, got ", x.scalar_type());
+  const bool y_f32 = check_linear(x, weight, out, "gemv") == at::kFloat;
+  c10::cuda::CUDAGuard guard(x.device());
+  const auto launch = simple ? launch_gemv_simple : launch_gemv;
+  tvllm::check_launch(launch(x.data_ptr(), weight.data_ptr(), out.data_ptr(), y_f32, x.size(0),
+                             x.size(1), weight.size(0), tvllm::stream()),
+                      "gemv");
 }
 
 // x: [tokens, in] bf16, weight: [2 inter, in] bf16 (gate rows, then up rows) -> out:
@@ -136,7 +160,8 @@ void rmsnorm_linear(const at::Tensor& x, const std::optional<at::Tensor>& add,
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
-  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out, bool gemv) -> ()", &linear);
+  m.def("linear(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear);
+  m.def("gemv(Tensor x, Tensor weight, Tensor(a!) out, bool simple) -> ()", &gemv);
   m.def("linear_silu_mul(Tensor x, Tensor weight, Tensor(a!) out) -> ()", &linear_silu_mul);
   m.def("rmsnorm_linear(Tensor x, Tensor? add, Tensor(a!)? sum, Tensor norm, float eps, "
         "Tensor weight, Tensor(b!) out, int inter, Tensor(c!)? pick=None, "

@@ -2,13 +2,16 @@
 
 Every projection of a Llama layer is one of these: q/k/v/o, gate/up/down, and the lm_head.
 The weight keeps torch's nn.Linear layout [out, in]; `linear` sends CUDA tensors to the
-cuBLAS call in gemm.cu, or for one bf16 token (a batch-1 decode step) to the GEMV of
-gemv.cu, and CPU tensors to `linear_native`. The GEMV handles 1-8 tokens, but measured on an
-H200 it is only worth it at one: at 4 tokens cuBLAS's small-M kernels took half its time
-(docs/gpu-runs.md), so `linear` asks for it at 2-8 tokens only when told to (gemv=True).
+cuBLAS call in gemm.cu, or for one bf16 token (a batch-1 decode step) to a GEMV, and CPU
+tensors to `linear_native`. The stage has two GEMVs: gemv_simple.cu (part 1, a warp per
+output) and gemv.cu (part 2, the fast one); the engine runs the fast one once it is written,
+else the simple one (course.ops.FirstWritten: one line on stderr says so). The GEMVs handle
+1-8 tokens, but measured on an H200 the fast one is only worth it at one: at 4 tokens
+cuBLAS's small-M kernels took half its time, so `linear` asks for a GEMV at
+2-8 tokens only when told to (gemv=True).
 
-On an sm_90 GPU the GEMV is launched with programmatic dependent launch (PDL: it may start
-streaming its weights while the previous kernel finishes); the environment variable
+On an sm_90 GPU the fast GEMV is launched with programmatic dependent launch (PDL: it may
+start streaming its weights while the previous kernel finishes); the environment variable
 TINYVLLM_PDL=0 turns that off, e.g. to measure what it gains (read in C++ by
 course/cuda/pdl.cuh's may_launch_early, for every kernel launched early).
 """
@@ -17,7 +20,11 @@ from __future__ import annotations
 import torch
 
 from course import parts
+from course.ops import FirstWritten
 from course.out_buffer import fill
+
+GEMV_MAX_TOKENS = 8   # course/cuda/gemv.cuh's kGemvMaxTokens
+
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or weight.dim() != 2:
@@ -46,18 +53,38 @@ def linear_native(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | Non
     return fill(out, (x.float() @ weight.float().t()).to(out_dtype), "linear")
 
 
+def gemv_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a GEMV takes x @ weight^T (course/cuda/gemv.cuh's gemv_fits): bf16, 1-8 tokens,
+    in % 8 == 0, 16-byte aligned x and weight."""
+    return (x.dtype == weight.dtype == torch.bfloat16 and 1 <= x.shape[0] <= GEMV_MAX_TOKENS
+            and x.shape[1] % 8 == 0 and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+
+
+def _gemv(simple: bool):
+    def run(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
+        parts.kernels().gemv(x, weight, out, simple)
+    return run
+
+
+_KERNELS = {"fast": _gemv(False), "simple": _gemv(True)}
+# the fast GEMV (part 2) once it is written, else the simple one (part 1)
+_decode = FirstWritten("linear: stage 06's fast GEMV (gemv.cu)", _KERNELS["fast"],
+                       _KERNELS["simple"])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, gemv: bool | None = None) -> torch.Tensor:
-    """y = x @ weight^T: cuBLAS or the GEMV on CUDA tensors (gemm.cu, gemv.cu), linear_native
-    on CPU.
+           out_dtype: torch.dtype | None = None, gemv: bool | str | None = None) -> torch.Tensor:
+    """y = x @ weight^T: cuBLAS or a GEMV on CUDA tensors (gemm.cu, gemv_simple.cu, gemv.cu),
+    linear_native on CPU.
 
     x: [tokens, in] bf16/fp16/fp32, weight: [out, in] same dtype, both contiguous.
     out: optional [tokens, out] buffer (reuse it to time without allocating).
     out_dtype: x's dtype (default) or torch.float32, which keeps the float32 accumulator:
     the model's logits use it, so two scores closer than a bf16 step are not made equal.
-    gemv: None (default) lets the GEMV take one bf16 token, True 1-8 of them (rows 16-byte
-    aligned, in % 8 == 0: gemm.cu's gemv_fits decides the rest); False sends every call to
-    cuBLAS (to compare the two).
+    gemv: None (default) lets a GEMV take one bf16 token, True 1-8 of them (where gemv_fits),
+    the fast GEMV if written, else the simple one; False sends every call to cuBLAS;
+    "simple" or "fast" that GEMV only (its tests, and to compare them; it refuses what does
+    not fit).
     Returns y: [tokens, out].
     """
     if not x.is_cuda:
@@ -66,6 +93,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     if out is None:
         out = torch.empty((x.shape[0], weight.shape[0]), dtype=out_dtype or x.dtype,
                           device=x.device)
-    use_gemv = x.shape[0] == 1 if gemv is None else gemv
-    parts.kernels().linear(x, weight, out, use_gemv)
+    if gemv in _KERNELS:
+        _KERNELS[gemv](x, weight, out)
+    elif (x.shape[0] == 1 if gemv is None else gemv) and gemv_fits(x, weight):
+        _decode(x, weight, out)
+    else:
+        parts.kernels().linear(x, weight, out)
     return out

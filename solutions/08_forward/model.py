@@ -1,4 +1,5 @@
-"""Stage 08: the whole Llama forward pass, assembled from the ops of stages 03-08.
+"""Stage 08: the whole forward pass of a Llama-family decoder, assembled from the ops of
+stages 03-08.
 
     ids -> embedding -> [ decoder layer ] x L -> final RMSNorm -> lm_head -> logits
                          |
@@ -6,6 +7,13 @@
                          |  h = h + Attention(x)        (qkv proj, RoPE, causal GQA, o proj)
                          |  x = RMSNorm(h)
                          |  h = h + MLP(x)              (gate_up proj, silu * up, down proj)
+
+Mistral is this model under another name. Qwen2 and Qwen3 change one step of the attention,
+between the qkv projection and RoPE (`family_qkv_`, given): Qwen2 adds a bias to q, k and v;
+Qwen3 RMS-normalizes every q and k head over its head_dim features (stage 04's rmsnorm over
+[tokens * heads, head_dim] rows), which keeps the attention logits in range whatever the
+projections grow to. Qwen3 also sets head_dim apart from hidden / heads (Qwen3-0.6B: hidden
+1024, 16 heads of 128), which the shapes below never assume anyway.
 
 Every piece of math is a call to an op of an earlier stage, loaded through the parts
 resolver, so grading stage NN runs the student's kernel of stage NN inside this forward:
@@ -50,6 +58,7 @@ cos_sin_cache, apply_rope_ = ops.get("cos_sin_cache"), ops.get("apply_rope_")
 linear = ops.get("linear")
 add_rmsnorm_linear = ops.get("add_rmsnorm_linear")
 argmax = ops.get("argmax")
+rmsnorm = ops.get("rmsnorm")
 ids_error = parts.load("03", "embedding").out_of_range_error
 positions_error = parts.load("05", "rope").out_of_range_error
 if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
@@ -70,6 +79,9 @@ class LayerWeights:
     post_norm: torch.Tensor    # [H]
     gate_up: torch.Tensor      # [2 * I, H]: gate_proj rows, then up_proj rows
     down: torch.Tensor         # [H, I]
+    qkv_bias: torch.Tensor | None = None   # [(nh + 2 * nkv) * d]: q, k, v biases (Qwen2)
+    q_norm: torch.Tensor | None = None     # [d]: RMSNorm weight of every q head (Qwen3)
+    k_norm: torch.Tensor | None = None     # [d]: of every k head
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -78,7 +90,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 class LlamaModel:
-    """A Llama-family decoder (Llama 3.x, SmolLM2, TinyLlama) built from the stage ops.
+    """A Llama-family decoder (Llama 3.x, SmolLM2, TinyLlama, Mistral, Qwen2 / Qwen2.5,
+    Qwen3) built from the stage ops; the family's switches are in the config (config.py).
 
     config: the ModelConfig of stage 01 (load_config); weights: tensors by their Hugging Face
     names (load_weights of stage 01, or a transformers model's state_dict()); device and
@@ -144,6 +157,14 @@ class LlamaModel:
         qkv = torch.cat([q, k, v], dim=0)
         gate_up = torch.cat([gate, up], dim=0)
         # END SOLUTION
+        family = {}
+        if c.qkv_bias:
+            family["qkv_bias"] = torch.cat([w("self_attn.q_proj.bias", (nh * d,)),
+                                            w("self_attn.k_proj.bias", (nkv * d,)),
+                                            w("self_attn.v_proj.bias", (nkv * d,))])
+        if c.qk_norm:
+            family["q_norm"] = w("self_attn.q_norm.weight", (d,))
+            family["k_norm"] = w("self_attn.k_norm.weight", (d,))
         return LayerWeights(
             input_norm=w("input_layernorm.weight", (H,)),
             qkv=qkv,
@@ -151,6 +172,7 @@ class LlamaModel:
             post_norm=w("post_attention_layernorm.weight", (H,)),
             gate_up=gate_up,
             down=w("mlp.down_proj.weight", (H, I)),
+            **family,
         )
 
     def check_inputs(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
@@ -209,15 +231,34 @@ class LlamaModel:
         c = self.config
         T, d = h.shape[0], self.head_dim
         nh, nkv = c.num_attention_heads, c.num_key_value_heads
-        # BEGIN SOLUTION: add_rmsnorm_linear with input_norm and qkv; q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear
+        # BEGIN SOLUTION: add_rmsnorm_linear with input_norm and qkv; self.family_qkv_(layer, qkv); q, k, v views; self.rope_attention(index, q, k, v, positions, meta); o linear
         qkv, residual = add_rmsnorm_linear(h, residual, layer.input_norm, c.rms_norm_eps,
                                            layer.qkv)                # [T, (nh + 2 nkv) d]
+        self.family_qkv_(layer, qkv)
         q = qkv[:, : nh * d].view(T, nh, d)
         k = qkv[:, nh * d: (nh + nkv) * d].view(T, nkv, d)
         v = qkv[:, (nh + nkv) * d:].view(T, nkv, d)
         attn = self.rope_attention(index, q, k, v, positions, meta)  # [T, nh, d]
         return linear(attn.reshape(T, nh * d), layer.o), residual  # [T, H]
         # END SOLUTION
+
+    def family_qkv_(self, layer: LayerWeights, qkv: torch.Tensor) -> None:
+        """In place on the qkv projection [T, (nh + 2 nkv) d], what the family adds before RoPE:
+        Qwen2's q, k and v bias; Qwen3's RMSNorm of every q and k head (v is left as it is).
+        Llama and Mistral have neither."""
+        if layer.qkv_bias is not None:
+            qkv.add_(layer.qkv_bias)        # one broadcast add over the three projections
+        if layer.q_norm is None:
+            return
+        c, T, d = self.config, qkv.shape[0], self.head_dim
+        nh, nkv = c.num_attention_heads, c.num_key_value_heads
+        for start, heads, weight in ((0, nh, layer.q_norm), (nh * d, nkv, layer.k_norm)):
+            part = qkv[:, start: start + heads * d]              # [T, heads * d], a view
+            # each head is a row of d features; the rmsnorm kernel takes packed rows, so the
+            # heads are copied out and the normalized ones back (q, k, v stay one buffer,
+            # which stage 14's decode kernel reads k and v from)
+            part.copy_(rmsnorm(part.reshape(T * heads, d), weight, c.rms_norm_eps)
+                       .view(T, heads * d))
 
     def rope_attention(self, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

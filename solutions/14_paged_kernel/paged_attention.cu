@@ -144,8 +144,8 @@ struct Running {
 // Ring slots per warp: kStages - 1 steps in flight. 2 at head_dim 64, 1 at 128 (chosen when
 // rows were padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
 // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured). At head_dim 64 a grid
-// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim: "One wave, one
-// step in flight" and "Fewer blocks than SMs" in the lesson).
+// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim says why; "The
+// ring" in the lesson's Going faster).
 template <int kD>
 constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
 
@@ -180,7 +180,6 @@ template <int kD>
 __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
                                             const __nv_bfloat16* ks, int lane,
                                             float (&s)[2][4]) {
-  // BEGIN SOLUTION: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk one ldmatrix.x4 at base ^ (32 kk) (B fragments of both key tiles) and two mma
 #pragma unroll
   for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile 0); 8-15: keys 0-7, dims 8-15 (its b1);
@@ -197,7 +196,6 @@ __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
     mma_bf16(s[0], qf[kk], b[0], b[1]);
     mma_bf16(s[1], qf[kk], b[2], b[3]);
   }
-  // END SOLUTION
 }
 
 // The online softmax of one step for this lane's rows r < kR (row g + 8r): s holds the step's
@@ -208,7 +206,6 @@ __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
 template <int kD, int kR>
 __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], float (&l)[kR],
                                              float (&o)[kD / 8][4]) {
-  // BEGIN SOLUTION: per row: the step's max over the row's 4 lanes (shuffles 1 and 2); alpha = 2^(m_old - m_new); p = 2^(s - m_new); rescale l and o by alpha; l += sum p
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]),
@@ -233,7 +230,6 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
       o[i][2 * r + 1] *= alpha;
     }
   }
-  // END SOLUTION
 }
 
 // o += P V for one step: P (16 rows x 16 keys, in s) becomes one bf16 A fragment; vs, the
@@ -241,7 +237,6 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
 template <int kD>
 __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
                                             int lane, float (&o)[kD / 8][4]) {
-  // BEGIN SOLUTION: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans at base ^ (16 i) and two mma
   const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
                          pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
   // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
@@ -256,7 +251,6 @@ __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_b
     mma_bf16(o[i], a, b[0], b[1]);
     mma_bf16(o[i + 1], a, b[2], b[3]);
   }
-  // END SOLUTION
 }
 
 // Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
@@ -513,7 +507,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
   // rows past n_here and dims past d are zeros.
   uint32_t qf[kD / 16][4];
   const __nv_bfloat16* q_rows = p.q + b * p.q_stride + static_cast<int64_t>(h0) * d;
-  // BEGIN SOLUTION: per kk the 4 registers of the A fragment (rows g and g + 8, dims 2t and 2t + 8 within the 16): two bf16 = one 32-bit load each, 0 outside the heads and dims
   auto q_pair = [&](int row, int col) -> uint32_t {
     return row < n_here && col < d ? *reinterpret_cast<const uint32_t*>(q_rows + row * d + col) : 0u;
   };
@@ -524,7 +517,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
     qf[kk][2] = q_pair(g, 16 * kk + 2 * t + 8);
     qf[kk][3] = q_pair(g + 8, 16 * kk + 2 * t + 8);
   }
-  // END SOLUTION
   if (rotates) {
     copies_wait<0>();  // this thread's piece of the cos | sin row ...
     __syncthreads();   // ... and every thread's
@@ -644,7 +636,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
   float* s_o = reinterpret_cast<float*>(smem);
   float* s_m = s_o + kWarps * kRows * kD;
   float* s_l = s_m + kWarps * kRows;
-  // BEGIN SOLUTION: per row r < kR (head g + 8r): l summed over the row's 4 lanes (shuffles 1 and 2); for heads < n_here, o[i][2r], o[i][2r + 1] to s_o[warp][head][8i + 2t ..], and lane t == 0 writes m and l
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
     const int head = g + 8 * r;
@@ -664,7 +655,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
       }
     }
   }
-  // END SOLUTION
   __syncthreads();
 
   // The partitions that hold keys: one in the single pass, and for a short sequence in
@@ -727,7 +717,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
 
 template <int kD, int kR, bool kWholeSteps, int kStages>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // BEGIN SOLUTION: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) | return "{todo}";
+  // More than the default 48 KB of dynamic shared memory needs an opt-in per kernel.
   constexpr size_t smem = Smem<kD, kStages>::kBytes;
   const cudaError_t opted = cudaFuncSetAttribute(
       paged_attention_kernel<kD, kR, kWholeSteps, kStages>,
@@ -736,6 +726,7 @@ tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
     cudaGetLastError();  // clear it: the message goes back through the return value
     return cudaGetErrorString(opted);
   }
+  // BEGIN SOLUTION: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK | return "{todo}";
   const dim3 grid(static_cast<unsigned>(static_cast<int64_t>(batch) * p.partitions),
                   static_cast<unsigned>(p.n_kv_heads * p.head_chunks));
   launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream,
@@ -763,7 +754,7 @@ tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
 // on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
 // 1) were 3-5% slower with it. Fewer blocks than SMs, every step in flight: a block has an SM
 // to itself and its warps' steps are a chain of memory latencies, so each warp copies all of
-// a short sequence's steps at once (kFewBlocksStages; lesson 14).
+// a short sequence's steps at once (kFewBlocksStages; "The ring" in the lesson).
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
   if constexpr (kD == 64) {
@@ -788,9 +779,9 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // (batch x KV heads x head chunks); when that is fewer, split into partitions of 1024 keys,
 // and halve them (512, 256, 128, 64) while the grid is still short of the target. Large
 // partitions where they suffice: each one more is partials to write and, in the block that
-// merges, to read (the lesson's measurements). On 132 SMs a batch of one sequence (8 KV
-// heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256 blocks), 1024-key
-// ones from 16385.
+// merges, to read ("Split-K and its rule" in the lesson). On 132 SMs a batch of one
+// sequence (8 KV heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256
+// blocks), 1024-key ones from 16385.
 // What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
 // so that no test of the rule passes where it happens to expect the single pass.
 constexpr int kRuleNotWritten = -1;

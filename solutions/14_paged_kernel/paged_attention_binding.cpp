@@ -1,8 +1,10 @@
-// torch.ops.tinyvllm.paged_decode_attention: checks (shapes, dtypes, devices only), the split-K
-// choice (host values only), its workspace and tickets, then paged_attention.cu. It reads no
-// device memory on the host (no block table or length values), so a decode step that calls it
-// can be captured in a CUDA graph; the workspace then comes from the graph's private memory
-// pool, the tickets from a buffer kept for the process (tvllm::tickets, binding.h).
+// torch.ops.tinyvllm.paged_decode_attention_simple: checks (shapes, dtypes, devices only),
+// then paged_attention_simple.cu (part 1).
+// torch.ops.tinyvllm.paged_decode_attention: the same checks, the split-K choice (host values
+// only), its workspace and tickets, then paged_attention.cu (part 2). Neither reads device
+// memory on the host (no block table or length values), so a decode step that calls one can
+// be captured in a CUDA graph; the workspace then comes from the graph's private memory pool,
+// the tickets from a buffer kept for the process (tvllm::tickets, binding.h).
 // torch.ops.tinyvllm.paged_attention_partition_keys: that split-K choice alone (tests, benches).
 #include <limits>
 
@@ -10,6 +12,14 @@
 
 #include "binding.h"
 
+tvllm_status launch_paged_decode_attention_simple(const void* q, const void* k_cache,
+                                                  const void* v_cache, void* out,
+                                                  const int32_t* block_tables,
+                                                  const int32_t* context_lens, int batch,
+                                                  int64_t q_stride, int n_heads, int n_kv_heads,
+                                                  int head_dim, int num_blocks, int block_size,
+                                                  int max_blocks, int max_keys, float scale,
+                                                  cudaStream_t stream);
 int paged_attention_partition_keys(int batch, int n_heads, int n_kv_heads, int64_t max_keys,
                                    int split);
 tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v_cache,
@@ -26,6 +36,55 @@ tvllm_status launch_paged_decode_attention(const void* q, void* k_cache, void* v
                                            cudaStream_t stream);
 
 namespace {
+
+// The checks both kernels' ops share: q: [B, n_heads, d]; k_cache, v_cache: [num_blocks,
+// block_size, n_kv, d], block_size a power of two; block_tables: [B, max_blocks] int32;
+// context_lens: [B] int32; out like q. Returns the longest context a row may have: the block
+// table's capacity, or max_context (-1: that capacity) when smaller.
+int64_t check_paged(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                    const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                    int64_t max_context, const at::Tensor& out) {
+  tvllm::check_decode_attention(q, k_cache, v_cache, out, scale, "num_blocks, block_size");
+  tvllm::check_tensor(block_tables, "block_tables", at::kInt, 2);
+  tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
+  tvllm::check_same_device(q, block_tables);
+  tvllm::check_same_device(q, context_lens);
+  const int64_t batch = q.size(0), block_size = k_cache.size(1);
+  TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
+              "block_size (k_cache.size(1)) must be a power of two, got ", block_size);
+  TORCH_CHECK(block_tables.size(0) == batch && context_lens.size(0) == batch,
+              "block_tables must be [", batch, ", max_blocks] and context_lens [", batch,
+              "] (one row per sequence of q), got ", block_tables.sizes(), " and ",
+              context_lens.sizes());
+  TORCH_CHECK(max_context >= -1, "max_context must be -1 (from the block table) or >= 0, got ",
+              max_context);
+  const int64_t capacity = block_tables.size(1) * block_size;
+  const int64_t max_keys = max_context < 0 ? capacity : std::min(capacity, max_context);
+  TORCH_CHECK(batch < (int64_t{1} << 31) && k_cache.size(0) < (int64_t{1} << 31) &&
+                  block_tables.size(1) < (int64_t{1} << 31) && max_keys <= (int64_t{1} << 30),
+              "at most 2^31 - 1 sequences and blocks, and contexts of at most 2^30 keys");
+  return max_keys;
+}
+
+// Part 1: one block per (sequence, query head), no split-K (paged_attention_simple.cu).
+void paged_decode_attention_simple(const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                   const at::Tensor& context_lens, double scale,
+                                   int64_t max_context, at::Tensor& out) {
+  const int64_t max_keys =
+      check_paged(q, k_cache, v_cache, block_tables, context_lens, scale, max_context, out);
+  c10::cuda::CUDAGuard guard(q.device());
+  tvllm::check_launch(
+      launch_paged_decode_attention_simple(
+          q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+          block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
+          static_cast<int>(q.size(0)), q.stride(0), static_cast<int>(q.size(1)),
+          static_cast<int>(k_cache.size(2)), static_cast<int>(q.size(2)),
+          static_cast<int>(k_cache.size(0)), static_cast<int>(k_cache.size(1)),
+          static_cast<int>(block_tables.size(1)), static_cast<int>(max_keys),
+          static_cast<float>(scale), tvllm::stream()),
+      "paged_decode_attention_simple");
+}
 
 // paged_attention_partition_keys' answer, or NotImplementedError for the skeleton's -1 (its
 // rule not written yet: a TODO, never a partition size).
@@ -52,23 +111,12 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
                             const std::optional<at::Tensor>& v_new,
                             const std::optional<at::Tensor>& positions,
                             const std::optional<at::Tensor>& cos_sin) {
-  tvllm::check_decode_attention(q, k_cache, v_cache, out, scale, "num_blocks, block_size");
-  tvllm::check_tensor(block_tables, "block_tables", at::kInt, 2);
-  tvllm::check_tensor(context_lens, "context_lens", at::kInt, 1);
-  tvllm::check_same_device(q, block_tables);
-  tvllm::check_same_device(q, context_lens);
+  const int64_t max_keys =
+      check_paged(q, k_cache, v_cache, block_tables, context_lens, scale, max_context, out);
   const int64_t batch = q.size(0), n_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1), n_kv = k_cache.size(2);
-  TORCH_CHECK(block_size > 0 && (block_size & (block_size - 1)) == 0,
-              "block_size (k_cache.size(1)) must be a power of two, got ", block_size);
-  TORCH_CHECK(block_tables.size(0) == batch && context_lens.size(0) == batch,
-              "block_tables must be [", batch, ", max_blocks] and context_lens [", batch,
-              "] (one row per sequence of q), got ", block_tables.sizes(), " and ",
-              context_lens.sizes());
   TORCH_CHECK(split >= -1 && split <= 1, "split must be -1 (decide), 0 (never) or 1 (always), got ",
               split);
-  TORCH_CHECK(max_context >= -1, "max_context must be -1 (from the block table) or >= 0, got ",
-              max_context);
   TORCH_CHECK(partition >= 0 && partition % 16 == 0 && partition <= (int64_t{1} << 20),
               "partition must be 0 (the kernel's choice) or a multiple of 16 keys up to 2^20, got ",
               partition);
@@ -97,12 +145,6 @@ void paged_decode_attention(const at::Tensor& q, at::Tensor& k_cache, at::Tensor
                 "positions must be [", batch, "] and cos_sin [max_positions, ", head_dim,
                 "], got ", positions->sizes(), " and ", cos_sin->sizes());
   }
-  const int64_t capacity = block_tables.size(1) * block_size;
-  const int64_t max_keys = max_context < 0 ? capacity : std::min(capacity, max_context);
-  TORCH_CHECK(batch < (int64_t{1} << 31) && num_blocks < (int64_t{1} << 31) &&
-                  block_tables.size(1) < (int64_t{1} << 31) && max_keys <= (int64_t{1} << 30),
-              "at most 2^31 - 1 sequences and blocks, and contexts of at most 2^30 keys");
-
   c10::cuda::CUDAGuard guard(q.device());
   // keys per partition (0: the single pass); a partition count of 1 is the single pass too
   const int64_t keys = partition > 0 ? partition : paged_attention_partition_keys(
@@ -156,6 +198,10 @@ int64_t partition_keys(int64_t batch, int64_t n_heads, int64_t n_kv_heads, int64
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(tinyvllm, m) {
+  m.def("paged_decode_attention_simple(Tensor q, Tensor k_cache, Tensor v_cache, "
+        "Tensor block_tables, Tensor context_lens, float scale, int max_context, "
+        "Tensor(a!) out) -> ()",
+        &paged_decode_attention_simple);
   m.def("paged_decode_attention(Tensor q, Tensor(b!) k_cache, Tensor(c!) v_cache, "
         "Tensor block_tables, Tensor context_lens, float scale, int max_context, int split, "
         "Tensor(a!) out, int partition=0, Tensor? k_new=None, Tensor? v_new=None, "

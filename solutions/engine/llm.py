@@ -18,6 +18,7 @@ student's stage NN.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 
 from course import parts
 from solutions.engine.llm_engine import LLMEngine, token_ids
-from solutions.engine.model_runner import EngineConfig
+from solutions.engine.model_runner import EngineConfig, check_head_dim
 
 SamplingParams = parts.load("11", "sampling_params").SamplingParams
 # One prompt: text, chat messages [{"role": ..., "content": ...}], or token ids.
@@ -111,6 +112,7 @@ class LLM:
         dtype = _dtype(dtype)
         # Cheap checks first: a bad config or tokenizer fails before the weights load.
         self.config = parts.load("01", "config").load_config(self.model_dir)
+        check_head_dim(self.config.head_dim, self.device)
         self.tokenizer = self._load_tokenizer() if load_tokenizer else None
         weights = parts.load("01", "checkpoint").load_checked(self.model_dir, self.config)
         self.model = parts.load("08", "model").LlamaModel(self.config, weights, self.device,
@@ -158,7 +160,10 @@ class LLM:
                     raise ValueError(f"the tokenizer in {self.model_dir} has no known chat "
                                      "format (llama3 or chatml): use a raw prompt (--raw)")
                 messages = [{"role": "user", "content": prompt}] if is_text else list(prompt)
-                text = parts.load("02", "chat_template").apply_chat_template(messages, fmt)
+                template = parts.load("02", "chat_template")
+                system = chatml_default_system(self.tokenizer.chat_template,
+                                               template.SMOLLM2_DEFAULT_SYSTEM)
+                text = template.apply_chat_template(messages, fmt, default_system=system)
                 ids = self.tokenizer.encode(_utf8(text), add_special_tokens=False)
         else:
             ids = token_ids(prompt)
@@ -318,6 +323,21 @@ class LLM:
             raise ValueError("stop strings are matched in the text, and this LLM was loaded "
                              "without a tokenizer (load_tokenizer=False): it has no text")
         return sampling
+
+
+# A ChatML template's default system turn, a literal of its Jinja text (its line break a
+# newline, or the escape '\n' that Jinja reads as one)
+CHATML_SYSTEM_TURN = re.compile(r"<\|im_start\|>system(?:\n|\\n)([^'\"{}]*?)<\|im_end\|>")
+
+
+def chatml_default_system(chat_template: str | None, fallback: str | None) -> str | None:
+    """The system prompt a ChatML model's own template inserts when a conversation has none:
+    SmolLM2's and Qwen2.5's write one ("You are Qwen, created by Alibaba Cloud. ..."), Qwen3's
+    none (None). Without a template (tokenizer_config.json lacks one), `fallback`."""
+    if chat_template is None:
+        return fallback
+    found = CHATML_SYSTEM_TURN.search(chat_template)
+    return found.group(1) if found else None
 
 
 def _is_one_prompt(prompts) -> bool:

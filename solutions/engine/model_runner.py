@@ -45,6 +45,18 @@ if TYPE_CHECKING:   # a stage folder is no package: parts.load names its types
     LlamaModel = parts.load("08", "model").LlamaModel
 
 GiB = 1 << 30
+# The head sizes the engine's CUDA kernels take: stage 13's rotating cache write works on 8
+# pairs a thread; stages 07, 09 and 14 keep a head of at most 128 values in registers.
+CUDA_HEAD_DIM_STEP, CUDA_MAX_HEAD_DIM = 16, 128
+
+
+def check_head_dim(head_dim: int, device: torch.device) -> None:
+    """ValueError, in one line, for a head size the CUDA kernels lack (the CPU takes any):
+    called before the weights load, so a model that cannot run is refused at once."""
+    if device.type == "cuda" and (head_dim % CUDA_HEAD_DIM_STEP or head_dim > CUDA_MAX_HEAD_DIM):
+        raise ValueError(f"head_dim {head_dim} is not supported on CUDA (the engine's attention "
+                         f"kernels take multiples of {CUDA_HEAD_DIM_STEP} up to "
+                         f"{CUDA_MAX_HEAD_DIM})")
 
 
 class SampledTokens:
@@ -225,6 +237,7 @@ class ModelRunner:
     can run), decoder (stage 10's DecodeGraphs)."""
 
     def __init__(self, model: LlamaModel, config: EngineConfig):
+        check_head_dim(model.config.head_dim, model.device)
         self.model, self.config = model, config
         # (ids of its SamplingParams, the SamplingParams, their SamplingTensors): see
         # _sampling_tensors

@@ -1,6 +1,18 @@
 """config.json -> ModelConfig: every size the engine allocates comes from here, never from a
-constant, so any Llama-family checkpoint in Hugging Face layout loads (Llama 3.x, SmolLM2,
-TinyLlama).
+constant, so any checkpoint of the supported families in Hugging Face layout loads: Llama
+(Llama 3.x, SmolLM2, TinyLlama), Mistral, Qwen2 / Qwen2.5 and Qwen3.
+
+The four families are one decoder with a few switches, read from config.json:
+
+    model_type  architectures         what differs from Llama
+    llama       LlamaForCausalLM      -
+    mistral     MistralForCausalLM    nothing (a sliding window, if set, must cover the context)
+    qwen2       Qwen2ForCausalLM      q_proj, k_proj and v_proj have a bias (qkv_bias)
+    qwen3       Qwen3ForCausalLM      each q and k head is RMS-normalized over head_dim before
+                                      RoPE (qk_norm); head_dim is set apart from hidden / heads
+
+What a family needs that the engine lacks (a sliding window, an o_proj or MLP bias, another
+activation, experts) is refused in one line naming the field (`refuse_unsupported`).
 
 Two spellings of rotary-embedding settings exist in the wild:
 
@@ -39,6 +51,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model config.json describes; the last three fields are the family's switches."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -54,6 +67,14 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"                   # "bfloat16", "float16", "float32"
+    model_type: str = "llama"                # a key of FAMILIES
+    qkv_bias: bool = False                   # q_proj, k_proj, v_proj have a bias (Qwen2)
+    qk_norm: bool = False                    # RMSNorm of every q and k head before RoPE (Qwen3)
+
+
+# model_type -> the one architecture (transformers' class) of that family this engine runs
+FAMILIES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -80,7 +101,9 @@ def parse_rope(raw: dict, where: str) -> tuple[float, RopeScaling | None]:
 def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
     """Validate a config.json dict and build a ModelConfig; `where` names it in errors.
 
-    - model_type must be "llama" (or absent); else ConfigError.
+    - model_type must be a key of FAMILIES ("llama" when absent); else ConfigError.
+    - qkv_bias is true for "qwen2" (its q/k/v projections always have a bias), qk_norm for
+      "qwen3" (its q_norm / k_norm weights); both false for the other families.
     - every key in REQUIRED must be present; else ConfigError naming the key.
     - num_key_value_heads defaults to num_attention_heads (pre-GQA configs lack it), and
       num_attention_heads must be a multiple of it: each KV head serves a group of heads.
@@ -88,8 +111,55 @@ def parse_config(raw: dict, where: str = "<dict>") -> ModelConfig:
     - eos_token_id may be an int, a list (Llama 3 stops on several) or absent/null.
     - the dtype is under "torch_dtype" (older) or "dtype" (newer); default "float32".
     """
-    # TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 33 lines)
-    raise NotImplementedError("TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) (about 33 lines)")
+    # TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) with the family's switches (about 34 lines)
+    raise NotImplementedError("TODO stage 01: check, apply the defaults, call parse_rope, return ModelConfig(...) with the family's switches (about 34 lines)")
+
+
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def refuse_unsupported(raw: dict, config: ModelConfig, where: str) -> None:
+    """ConfigError, naming the field, for what config.json asks of the family that the one
+    model does not do: it would load and compute something else than the checkpoint's model."""
+    arch = raw.get("architectures")
+    expected = FAMILIES[config.model_type]
+    if arch is not None and (not isinstance(arch, list) or any(a != expected for a in arch)):
+        raise ConfigError(f"{where}: architectures {arch!r} is not supported (model_type "
+                          f"{config.model_type!r} runs {expected!r})")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: hidden_act {act!r} is not supported (the MLP is "
+                          "silu(gate) * up)")
+    # Qwen2 biases q, k and v whatever attention_bias says; elsewhere it also biases o_proj
+    if raw.get("attention_bias") and config.model_type != "qwen2":
+        raise ConfigError(f"{where}: attention_bias true (a bias on q, k, v and o_proj) is not "
+                          "supported")
+    if raw.get("mlp_bias"):
+        raise ConfigError(f"{where}: mlp_bias true is not supported (the MLP has no bias)")
+    experts = [k for k in EXPERTS if raw.get(k)]
+    if experts:
+        raise ConfigError(f"{where}: {experts[0]}={raw[experts[0]]!r}: mixture-of-experts "
+                          "layers are not supported")
+    rotary = raw.get("partial_rotary_factor", 1.0)
+    if rotary != 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor {rotary!r} is not supported (RoPE "
+                          "rotates the whole head)")
+    # A window that covers every position the model has never masks a key: harmless (some
+    # Mistral configs set it to max_position_embeddings); a shorter one would.
+    window = raw.get("sliding_window")
+    if (config.model_type == "mistral" and window is not None
+            and window < config.max_position_embeddings):
+        raise ConfigError(f"{where}: sliding_window {window!r} is shorter than "
+                          f"max_position_embeddings {config.max_position_embeddings}: "
+                          "sliding-window attention is not supported")
+    if raw.get("use_sliding_window"):   # Qwen's switch; its sliding_window alone is unused
+        raise ConfigError(f"{where}: use_sliding_window true: sliding-window attention is not "
+                          "supported")
+    layer_types = raw.get("layer_types") or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ConfigError(f"{where}: layer_types holds {other}: only full_attention layers "
+                          "are supported")
 
 
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -117,6 +187,7 @@ def checked_parse(raw: dict, where: str) -> ModelConfig:
             raise ConfigError(f"{where}: rope_parameters {params} and rope_scaling {scaling} "
                               "disagree: keep one of them")
     config = parse_config(raw, where)
+    refuse_unsupported(raw, config, where)
     if not 0 <= config.rms_norm_eps < math.inf:    # False for NaN
         raise ConfigError(f"{where}: rms_norm_eps={config.rms_norm_eps} must be a finite "
                           "number >= 0")

@@ -23,13 +23,6 @@
 
 #include "tvllm.h"
 
-// gemv.cu: y = x @ weight^T for 1-8 bf16 tokens, a warp (or a group of 2-4 warps, for long
-// rows) per output.
-bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_features,
-               const void* x, const void* weight);
-tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
-                         int64_t in_features, int64_t out_features, cudaStream_t stream);
-
 namespace {
 
 // The row-major product as one column-major cublasGemmEx call (see the top of this file).
@@ -45,17 +38,13 @@ tvllm_status gemm_row_major(cublasHandle_t handle, cudaDataType_t dtype, cudaDat
 // x: [tokens, in] and weight: [out, in] of `dtype` (CUDA_R_16BF, CUDA_R_16F or CUDA_R_32F),
 // y: [tokens, out] of `y_dtype` (dtype, or CUDA_R_32F: logits keep the float32 accumulator
 // instead of rounding it to bf16), all contiguous. `handle` must be bound to `stream`;
-// torch's at::cuda::getCurrentCUDABlasHandle() is bound to the current stream. `gemv`: true
-// lets 1-8 bf16 tokens go to gemv.cu's kernel (with programmatic dependent launch where the
-// build has it: pdl.cuh), false sends everything to cuBLAS.
+// torch's at::cuda::getCurrentCUDABlasHandle() is bound to the current stream. (A decode
+// step's few tokens go to a GEMV instead, gemv_simple.cu or gemv.cu: linear.py decides.)
 tvllm_status launch_linear(cublasHandle_t handle, cudaStream_t stream, cudaDataType_t dtype,
                            cudaDataType_t y_dtype, const void* x, const void* weight, void* y,
-                           int64_t tokens, int64_t in_features, int64_t out_features, bool gemv) {
+                           int64_t tokens, int64_t in_features, int64_t out_features) {
   if (tokens == 0 || out_features == 0) return TVLLM_OK;
   if (in_features <= 0) return "in_features must be positive";
-  if (gemv && gemv_fits(dtype == CUDA_R_16BF, tokens, in_features, out_features, x, weight))
-    return launch_gemv(x, weight, y, y_dtype == CUDA_R_32F, tokens, in_features, out_features,
-                       stream);
   if (tokens > INT_MAX || in_features > INT_MAX || out_features > INT_MAX)
     return "cuBLAS takes int sizes: tokens, in_features and out_features must be < 2^31";
   cudaStream_t bound = nullptr;

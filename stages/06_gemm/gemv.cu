@@ -49,12 +49,12 @@
 
 #include "bulk_copy.cuh"
 #include "cp_async.cuh"
+#include "gemv.cuh"
 #include "host_rows.cuh"
 #include "pdl.cuh"
 #include "tvllm.h"
 #include "vec.cuh"
 
-constexpr int kGemvMaxTokens = 8;  // above this, cuBLAS (gemm.cu): x's reuse pays for tiles
 constexpr int kThreads = 128;      // 4 warps
 constexpr int kWarps = kThreads / 32;
 constexpr int kPieces = 4;            // 16-byte pieces per lane per unit
@@ -68,16 +68,11 @@ constexpr int kStages = 3;            // ring slots per warp: 2 units in flight,
 constexpr size_t kRingBytes = static_cast<size_t>(kWarps) * kStages * kUnit * 16;
 // Eight blocks per SM, what the rings' shared memory allows: said to the compiler as well, so
 // it allocates registers for them (64 a thread at most: it takes 40-56 with the hint, 32-56
-// without, and the hint alone made a batch-1 decode step 7 us faster on the H200,
-// docs/gpu-runs.md).
+// without, and the hint alone made a batch-1 decode step 7 us faster on the H200).
 constexpr int kMinBlocks = 8;
 
 template <int kTokens>
 constexpr size_t smem_bytes() { return kRingBytes + 2 * kWarps * kTokens * sizeof(float); }
-
-using BF8 = Pack<__nv_bfloat16, 8>;
-
-__device__ __forceinline__ BF8 as_bf8(const uint4& raw) { return reinterpret_cast<const BF8&>(raw); }
 
 // acc[t] += dot(w's 8 values, token t's 8 values of x at the same columns), t < tokens.
 // x_piece: that piece of token 0's x; token t's is `pieces` (in / 8) pieces further.
@@ -105,9 +100,8 @@ struct Plan {
 // The warps that compute one output from rows of `pieces` 16-byte pieces, one row or (paired)
 // two (the launcher sizes the grid with it).
 __host__ __device__ __forceinline__ int group_of(int pieces, bool paired) {
-  const int per_row = (pieces + kUnit - 1) / kUnit;
-  if (paired) return per_row % 2 == 0 ? 4 : 2;
-  return per_row % 4 == 0 ? 4 : per_row % 2 == 0 ? 2 : 1;
+  // TODO stage 06: a row has ceil(pieces / kUnit) units; a plain row: 4 warps when its units divide by 4, else 2 when by 2, else 1 (each warp takes every group-th unit, so all take as many); paired: a warp pair per row when its units are even (4), else one warp per row (2) (about 3 lines)
+  return paired ? 2 : 1;
 }
 
 __device__ __forceinline__ Plan plan_of(int pieces, int warps, int pair) {
@@ -206,8 +200,7 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // gemv_kernel needs ~32 warps on every SM to keep its copies in flight: each 16 bytes is one
 // cp.async of one lane. With bulk copies (bulk_copy.cuh) one thread asks for 32 KB at once, so
 // two blocks of 8 warps per SM stream faster, each block reading one contiguous stretch of
-// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200, eleventh session:
-// docs/gpu-runs.md).
+// rows. A batch-1 decode step: 0.945 ms against gemv_kernel's 0.995 (H200).
 //
 //     block b of the grid owns the outputs [b * out / grid, (b + 1) * out / grid): its weight
 //     rows are one contiguous stretch of memory (paired: the gate rows' stretch and the up
@@ -230,14 +223,14 @@ gemv_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict
 // x and `add`, each block computing the row's sum of squares itself while its first weight
 // stages are in flight, and the blocks together writing x + add (the new residual stream) to
 // `sum`. That is one kernel fewer per projection that follows a norm: 32 of a Llama-3.2-1B
-// decode step (the H200, fourteenth session: a batch-1 token took 0.941 ms with the RMSNorm
+// decode step (the H200: a batch-1 token took 0.941 ms with the RMSNorm
 // kernels, 0.873 ms with them left out, wrong but timed).
 constexpr int kTmaThreads = 256;                          // 8 warps
 constexpr int kTmaWarps = kTmaThreads / 32;
 constexpr int kTmaStages = 2;                             // ring slots of 32 KB
 constexpr int kTmaStagePieces = 2048;                     // 32 KB
 constexpr int kTmaRun = kTmaStagePieces / kTmaWarps;      // 256 pieces: a warp's share of a stage
-// Measured on the H200 (fifteenth session, batch-1 decode, ms per token, compared within a
+// Measured on the H200 (batch-1 decode, ms per token, compared within a
 // call): 16 KB stages (runs of 128 pieces) 0.911 / 0.918, 32 KB 0.888-0.894, 8 KB 1.116; 3
 // slots of 32 KB 0.889; 32 KB as two runs of 128 per warp (w and w + 8, which keeps rows of
 // 1024 columns) 0.947 -- not profiled; each run's place and row then take divisions (one
@@ -256,7 +249,7 @@ static_assert(kTmaStages * 8 <= 16 && kTmaWarps * 8 <= 64, "kTmaHead's layout");
 // At least this much shared memory a block, so that no more than 2 of these blocks share an
 // SM of 228 KB (all sm_90 GPUs): the next GEMV's blocks, launched early under PDL, find no
 // room beside the running one's and wait until it leaves, while the step's small kernels
-// still fit. Measured on the H200 (eleventh session): with 50 KB blocks (two GEMVs side by
+// still fit. Measured on the H200: with 50 KB blocks (two GEMVs side by
 // side) batch 1 took 1.086 ms, with 37 KB (three) slower still, with 80 KB 0.945 ms --
 // gemv_kernel 0.995 in the same calls. Side by side, the next GEMV's early requests took
 // bandwidth from the running one: every GEMV of a step is on its critical path.
@@ -265,7 +258,7 @@ static_assert(kTmaStages * 8 <= 16 && kTmaWarps * 8 <= 64, "kTmaHead's layout");
 // next GEMV (gate_up) lands beside its two and requests its first stages while o_proj's blocks
 // wait for the attention, the step's longest stretch of idle memory; gate_up's other block
 // arrives when o_proj's leave. The SM then holds 216 KB: the launcher asks for the largest
-// shared-memory carveout. Measured on the H200 (twenty-first session): batch 1 0.861-0.862
+// shared-memory carveout. Measured on the H200: batch 1 0.861-0.862
 // ms against 0.870-0.871; the same with gate_up's start held until o_proj's wait returns
 // 0.863-0.864: its requests during the attention cost nothing measurable.
 constexpr size_t kTmaMinSmem = 80 * 1024;
@@ -286,8 +279,7 @@ struct Prologue {
 // key (pick_key), puts it into the kept key with one atomicMax and draws a ticket; the block
 // that draws the last ticket reads the winner, stores its index and sets key and ticket back
 // to 0 for the next launch (binding.h's tvllm::tickets keeps them). A batch-1 decode step
-// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200, thirty-second session,
-// call 4: docs/gpu-runs.md).
+// then ends with its lm_head: 0.768 -> 0.766 ms a token (the H200).
 struct Pick {
   int64_t* out = nullptr;              // [1]: the index
   unsigned long long* key = nullptr;   // the best key so far, 0 between launches
@@ -346,8 +338,8 @@ __device__ __forceinline__ void finish_pick(unsigned long long best, const Pick&
 // two). Ends with a barrier: xs is complete.
 // Every rounding to bf16 here converts two values at once (vec.cuh's pack_bf16, one F2FP
 // instruction): a conversion of one value (__float2bfloat16_rn, F2F) issues at 16 a clock on
-// an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200,
-// twenty-ninth session: 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
+// an SM, and the 24 a thread of a 2048-column row cost a batch-1 token 12 us (the H200:
+// 0.797 -> 0.785 ms; docs/benchmarks.md). Neither loop is unrolled: a
 // thread has one piece at hidden 2048, and the unrolled copies only tripled the code a block
 // runs once, cold (rolling them alone gave 4 of those 12 us).
 __device__ __forceinline__ void stage_x(uint4* xs, const uint4* xg, int pieces, const Prologue& pro,
@@ -426,8 +418,7 @@ __host__ __device__ constexpr bool tma_shape(int in_features, int out_features) 
 // Two blocks an SM (kTmaMinSmem makes sure of no more), registers for three
 // (kTmaRegisterBlocks). kPick: the greedy pick after the product (Pick; float32 y). An
 // instance of its own: the epilogue's code in every GEMV's instance changed how the compiler
-// laid out the kernel, and made a batch-1 token 10 us slower (the H200, thirty-second session,
-// call 3).
+// laid out the kernel, and made a batch-1 token 10 us slower (the H200).
 template <typename OutT, bool kPick = false>
 __global__ void __launch_bounds__(kTmaThreads, kTmaRegisterBlocks)
 gemv_kernel_tma(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ weight,
@@ -576,8 +567,17 @@ tvllm_status launch(const __nv_bfloat16* x, const __nv_bfloat16* weight, OutT* y
   if (resident <= 0) return "gemv: could not ask the device how many blocks fit";
   // an output keeps group_of(its pieces) warps busy
   const int64_t warps = static_cast<int64_t>(out_features) * group_of(in_features / 8, pair > 0);
-  // TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks, kThreads each, smem bytes of dynamic shared memory, through launch_early (pdl.cuh: the PDL attribute where the kernel has the wait) (about 8 lines)
-  return "TODO stage 06: one token that tma_fits goes to launch_tma; else one block per kWarps of those warps, at most `resident` blocks, kThreads each, smem bytes of dynamic shared memory, through launch_early (pdl.cuh: the PDL attribute where the kernel has the wait) (about 8 lines)";
+  unsigned blocks = 0;  // the grid
+  // TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)
+  return "TODO stage 06: the grid: enough blocks of kWarps warps for those warps, but no more than `resident` (the blocks that run at once: a persistent grid, each warp loops over its rows) (about 2 lines)";
+  // Given: on Hopper one token goes to the bulk-copy kernel below; the launch itself may start
+  // early (programmatic dependent launch, pdl.cuh), which is why the kernel waits before x.
+  if (kTokens == 1 && tma_fits<OutT>(in_features, out_features))
+    return launch_tma(x, weight, y, in_features, out_features, pair, stream);
+  const cudaError_t err = launch_early(gemv_kernel<kTokens, OutT>, dim3(blocks), dim3(kThreads),
+                                       smem, stream, x, weight, y, tokens, in_features,
+                                       out_features, pair);
+  return err == cudaSuccess ? TVLLM_OK : cudaGetErrorString(err);
 }
 
 template <typename OutT>
@@ -593,28 +593,20 @@ tvllm_status launch_tokens(const __nv_bfloat16* x, const __nv_bfloat16* weight, 
 
 }  // namespace
 
-// Whether launch_gemv takes this product (else cuBLAS does): bf16, 1-8 tokens, rows of a
-// whole number of 16-byte pieces, 16-byte aligned.
-bool gemv_fits(bool bf16, int64_t tokens, int64_t in_features, int64_t out_features,
-               const void* x, const void* weight) {
-  return bf16 && tokens >= 1 && tokens <= kGemvMaxTokens && in_features % 8 == 0 &&
-         in_features < (int64_t{1} << 30) && out_features < (int64_t{1} << 30) &&
-         tvllm_aligned(x, 16) && tvllm_aligned(weight, 16);
-}
-
 // x: [tokens, in] bf16, weight: [out, in] bf16, y: [tokens, out] bf16 (y_f32 false) or float32;
 // gemv_fits must hold. Programmatic dependent launch where the kernel was built for it and
 // TINYVLLM_PDL is not "0" (pdl.cuh's may_launch_early).
 tvllm_status launch_gemv(const void* x, const void* weight, void* y, bool y_f32, int64_t tokens,
                          int64_t in_features, int64_t out_features, cudaStream_t stream) {
-  if (!gemv_fits(true, tokens, in_features, out_features, x, weight))
-    return "gemv: needs 1-8 tokens, in_features a multiple of 8 and 16-byte aligned x and weight";
+  if (!gemv_fits(true, tokens, in_features, out_features, x, weight)) return kGemvRefusal;
+  if (out_features == 0) return TVLLM_OK;
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(weight);
   const int t = static_cast<int>(tokens), k = static_cast<int>(in_features),
             n = static_cast<int>(out_features);
-  return y_f32 ? launch_tokens(xb, wb, static_cast<float*>(y), t, k, n, 0, stream)
-               : launch_tokens(xb, wb, static_cast<__nv_bfloat16*>(y), t, k, n, 0, stream);
+  return with_output_type(y, y_f32, [&](auto* out) {
+    return launch_tokens(xb, wb, out, t, k, n, 0, stream);
+  });
 }
 
 // y = silu(x @ gate^T) * (x @ up^T) for weight = [gate; up]: x [tokens, in] bf16, weight

@@ -9,7 +9,7 @@
 // make (the step's tokens out, the next step's inputs in, the sampled ids into the graph's ids
 // row), each a few KB at most. As cudaMemcpyAsync calls each is a copy-engine operation, and
 // each hand-over between the compute engine and a copy engine left the GPU idle for 1.5-6 us
-// (H200, twenty-eighth session: from the argmax's end to the next step's first kernel 21 us,
+// (H200: from the argmax's end to the next step's first kernel 21 us,
 // 2.6% of a token; 7 us with this kernel, the greedy ids no longer copied at all). A kernel
 // reaches pinned host memory directly: with unified virtual addressing a pinned buffer's host
 // pointer is also a device pointer, and its loads and stores cross PCIe like any memory

@@ -1,8 +1,9 @@
-// Stage 12 kernel: FlashAttention-2-style causal prefill attention on the tensor cores.
+// Stage 12 kernel, part 2: FlashAttention-2-style causal prefill attention on the tensor cores.
 //
 //     out[t, h] = sum_j softmax_j(scale * q[t, h] . k[j, g]) v[j, g],   g = h / (n_heads / n_kv)
 //
-// Same contract as stage 07 (attention.cu): packed sequences (cu_seqlens_q, cu_seqlens_k),
+// Same contract as stage 07 (attention.cu) and part 1 (flash_attention_simple.cu, the same
+// online softmax in float math, a warp per query row): packed sequences (cu_seqlens_q, cu_seqlens_k),
 // grouped-query heads, a sequence may bring more keys than queries (its queries are its LAST
 // positions: query i sits at key position i + len_k - len_q), q/k/v may be views of a fused
 // QKV tensor. What changes is how the work is done:
@@ -49,6 +50,7 @@
 #include "cp_async.cuh"
 #include "exp2.cuh"
 #include "mma.cuh"
+#include "prefill.cuh"
 #include "swizzle.cuh"
 #include "tvllm.h"
 
@@ -114,7 +116,7 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
   }
 }
 
-// ------------------------------------------------------------------- the student's parts
+// ------------------------------------- the fragments (given: mma.sync's lane tables at work)
 
 // S = Q K^T for this warp's 16 query rows and the 64 keys of the tile `ks` ([64][d], swizzled), not
 // yet scaled (online_softmax does that). s[j] is the C fragment of keys 8j .. 8j + 7: this
@@ -123,8 +125,26 @@ __device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int64_t st
 template <int kD>
 __device__ __forceinline__ void tile_scores(const uint32_t (&qf)[kD / 16][4], const bf16* ks,
                                             int lane, float (&s)[kNTiles][4]) {
-  // TODO stage 12: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk and per pair of 8-key tiles j, j + 1 (j = 0, 2, 4, ...) one ldmatrix.x4 of K at (base ^ 32 kk) + 8 j rows (B fragments of both tiles) and two mma (about 17 lines)
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile j); 8-15: keys 0-7, dims 8-15 (its b1);
+  // 16-23: keys 8-15, dims 0-7 (b0 of tile j + 1); 24-31: keys 8-15, dims 8-15.
+  // Chunk 2kk + half of the row sits at chunk0 ^ 2kk (chunk0: that of chunk half), in every
+  // 16th row alike: the address for (kk, j) is base with bits flipped, 8j rows further.
+  const int row = (lane % 8) + 8 * (lane / 16), half = (lane / 8) % 2;
+  const uint32_t base = smem_addr(ks + swizzled<kD>(row, half));
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+    for (int j = 0; j < kNTiles; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, (base ^ (kk * 32)) + j * 8 * kD * 2);
+      mma_bf16(s[j], qf[kk], b[0], b[1]);
+      mma_bf16(s[j + 1], qf[kk], b[2], b[3]);
+    }
 }
+
+// ------------------------------------------------------------------- the student's parts
 
 // May the query at key position `qpos` see key position `kpos`? Both count from the start of
 // the sequence's keys; `len` is the number of keys.
@@ -137,7 +157,12 @@ __device__ __forceinline__ bool visible(int qpos, int kpos, int len) {
 // (row g + 8 is qpos + 8); kpos0: the key position of the tile's first key.
 __device__ __forceinline__ void mask_scores(float (&s)[kNTiles][4], int qpos, int kpos0, int len,
                                             int lane) {
-  // TODO stage 12: per element: its row (g or g + 8) and key (8j + 2t or + 1); -inf where not visible (about 6 lines)
+  const int t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!visible(qpos + 8 * (e / 2), kpos0 + 8 * j + 2 * t + (e % 2), len)) s[j][e] = -INFINITY;
 }
 
 // The online softmax: fold one tile of scores (masked, not scaled) into the running state of
@@ -159,7 +184,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[kNTiles][4], float sca
 template <int kD>
 __device__ __forceinline__ void accumulate_pv(const float (&s)[kNTiles][4], const bf16* vs,
                                               int lane, float (&o)[kD / 8][4]) {
-  // TODO stage 12: per 16 keys: the A fragment of P from score tiles 2kk and 2kk + 1; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans of V at (base ^ 16 i) + 16 kk rows and two mma (about 18 lines)
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
+  // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
+  const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;
+  const uint32_t base = smem_addr(vs + swizzled<kD>(row, half));  // chunk i + half: chunk0 ^ i
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                           pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                           pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int i = 0; i < kD / 8; i += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, (base ^ (i * 16)) + kk * 16 * kD * 2);
+      mma_bf16(o[i], a, b[0], b[1]);
+      mma_bf16(o[i + 1], a, b[2], b[3]);
+    }
+  }
 }
 
 // kM 128: 2 blocks per SM at d 64 (by registers), 1 at d 128; kM 64: 4 and 2 (by shared memory).
@@ -212,39 +254,26 @@ flash_attention_kernel(Params p) {
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.f, 0.f};
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int buf = j % 2;
-    if (j + 1 < n_tiles) {  // prefetch tile j + 1 into the other buffer while tile j computes
-      load_tile<kBlockN, kD, kThreads>(ks + (1 - buf) * Smem<kD, kM>::kTileK, k, p.k_stride, (j + 1) * kBlockN, len);
-      load_tile<kBlockN, kD, kThreads>(vs + (1 - buf) * Smem<kD, kM>::kTileK, v, p.v_stride, (j + 1) * kBlockN, len);
-      copies_commit();
-      copies_wait<1>();  // everything but the newest group (tile j + 1) has landed
-    } else {
-      copies_wait<0>();
-    }
-    __syncthreads();  // every thread's share of tile j is in shared memory
-
-    const int n0 = j * kBlockN;
-    // Warp-uniform: a tile wholly in the future of the warp's last row is skipped (causal).
-    if (n0 <= first_pos + 15) {
-      float s[kNTiles][4];
-      tile_scores<kD>(qf, ks + buf * Smem<kD, kM>::kTileK, lane, s);
-      // Only tiles that cross the diagonal of the warp's first row, or the end of the keys,
-      // hold invisible keys.
-      if (n0 + kBlockN - 1 > first_pos || n0 + kBlockN > len) mask_scores(s, qpos, n0, len, lane);
-      online_softmax<kD>(s, p.scale_log2, m, l, o);
-      accumulate_pv<kD>(s, vs + buf * Smem<kD, kM>::kTileK, lane, o);
-    }
-    __syncthreads();  // all warps are done with buffer `buf` before iteration j + 1 refills it
-  }
+  // TODO stage 12: per key tile j < n_tiles, in buffer j % 2 (tile 0 is loaded above): prefetch tile j + 1 into the other buffer (load_tile of K and V, copies_commit) and wait for tile j only (copies_wait<1>; at the last tile copies_wait<0>); __syncthreads; unless the tile lies wholly in the future of the warp's last row (a warp-uniform skip): tile_scores, mask_scores only where the tile crosses the warp's first row's diagonal or the end of the keys, online_softmax, accumulate_pv; __syncthreads before the next prefetch overwrites this buffer (about 24 lines)
 
   // TODO stage 12: per row: the sum over its 4 lanes; out = o / l rounded to bf16 for rows inside the sequence (l == 0: write 0, not NaN) (about 14 lines)
 }
 
 template <int kD, int kM>
 tvllm_status launch(const Params& p, int n_seqs, int max_seqlen, cudaStream_t stream) {
-  // TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (head, sequence, kM-query tile), grid in that order (the kernel reads blockIdx so); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)
-  return "TODO stage 12: a block of Smem<kD, kM>::kThreads threads per (head, sequence, kM-query tile), grid in that order (the kernel reads blockIdx so); opt in to Smem<kD, kM>::kBytes of dynamic shared memory (about 10 lines)";
+  // Given: the shared memory above the 48 KB a kernel gets without asking
+  constexpr int smem = Smem<kD, kM>::kBytes;
+  cudaError_t err = cudaFuncSetAttribute(flash_attention_kernel<kD, kM>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear it: the message goes back through the return value
+    return cudaGetErrorString(err);
+  }
+  dim3 grid;
+  // TODO stage 12: the grid: a block per (head, sequence, kM-query tile), in that order (the kernel reads blockIdx so) (about 1 line)
+  return "TODO stage 12: the grid: a block per (head, sequence, kM-query tile), in that order (the kernel reads blockIdx so) (about 1 line)";
+  flash_attention_kernel<kD, kM><<<grid, Smem<kD, kM>::kThreads, smem, stream>>>(p);
+  return TVLLM_OK;
 }
 
 }  // namespace
@@ -262,12 +291,8 @@ tvllm_status launch_flash_attention(const void* q, const void* k, const void* v,
                                     int n_heads, int n_kv_heads, int head_dim, float scale,
                                     cudaStream_t stream) {
   if (n_seqs == 0 || max_seqlen == 0 || n_heads == 0) return TVLLM_OK;
-  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    return "n_heads must be a positive multiple of n_kv_heads (grouped-query attention)";
-  if (head_dim != 64 && head_dim != 128)
-    return "head_dim must be 64 or 128 (prefill_attention sends other sizes to stage 07's kernel)";
-  if (!(scale > 0.f))
-    return "scale must be positive (prefill_attention sends other scales to stage 07's kernel)";
+  if (const tvllm_status refused = prefill_refusal(n_heads, n_kv_heads, head_dim, scale))
+    return refused;
   if (n_seqs > 65535 || tvllm_ceil_div(max_seqlen, 64) > 65535)
     return "at most 65535 sequences and 4194240 queries in one";
   const Params p{static_cast<const bf16*>(q), static_cast<const bf16*>(k),

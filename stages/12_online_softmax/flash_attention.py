@@ -11,16 +11,22 @@ keeps a running state over the key tiles seen so far -- the max m, the sum l and
 unnormalised output o -- and rescales it whenever a tile raises the max. One pass over the
 keys, and no [T, T] matrix anywhere.
 
-`prefill_attention` sends CUDA tensors to flash_attention.cu (head_dim 64 and 128; other
-sizes go to stage 07's kernel) and CPU tensors to `flash_attention_native`.
+The stage has two kernels: flash_attention_simple.cu (part 1: a warp per query row, float
+math) and flash_attention.cu (part 2: the tensor cores and a cp.async ring). `prefill_attention`
+sends CUDA tensors to the fast one once it is written, else to the simple one
+(course.ops.FirstWritten: one line on stderr says so) -- head_dim 64 and 128; other sizes go
+to stage 07's kernel -- and CPU tensors to `flash_attention_native`.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from course import parts
+from course.ops import FirstWritten
 
-KERNEL_HEAD_DIMS = (64, 128)   # the sizes flash_attention.cu is built for
+KERNEL_HEAD_DIMS = (64, 128)   # the sizes both kernels are built for
 BLOCK_KEYS = 64                # keys per tile, in the kernel and in the twin
 
 
@@ -105,12 +111,24 @@ def online_softmax_attention(qs: torch.Tensor, ks: torch.Tensor, vs: torch.Tenso
     return torch.where(l > 0, o / l, 0.0)                       # a row that saw no key: 0
 
 
+def _kernel(name: str):
+    def run(*args) -> None:
+        getattr(parts.kernels(), name)(*args)
+    return run
+
+
+KERNELS = {"fast": _kernel("flash_attention"), "simple": _kernel("flash_attention_simple")}
+# the fast kernel (part 2) once it is written, else the simple one (part 1)
+_fastest = FirstWritten("prefill_attention: stage 12's fast kernel (flash_attention.cu)",
+                        KERNELS["fast"], KERNELS["simple"])
+
+
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens: torch.Tensor, scale: float,
                       out: torch.Tensor | None = None, *,
                       cu_seqlens_k: torch.Tensor | None = None,
                       max_seqlen_q: int | None = None) -> torch.Tensor:
-    """Causal attention of packed sequences: flash_attention.cu on CUDA, the twin on CPU.
+    """Causal attention of packed sequences: stage 12's kernels on CUDA, the twin on CPU.
 
     Stage 07's signature and meaning. q: [Tq, n_heads, head_dim] bf16, k, v:
     [Tk, n_kv_heads, head_dim] bf16; each may be a view of a fused QKV tensor (rows any
@@ -123,8 +141,27 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head_dim: the kernel is built for 64 and 128; on CUDA any other size (a multiple of 8 up
     to 128) falls back to stage 07's kernel, `parts.load("07", "attention").prefill_attention`,
     and so does a scale that is not positive (the kernel's softmax needs scale > 0).
+    On CUDA the fast kernel runs once it is written, else the simple one.
     Returns [Tq, n_heads, head_dim] bf16.
     """
+    return _prefill(_fastest, q, k, v, cu_seqlens, scale, out, cu_seqlens_k, max_seqlen_q)
+
+
+def prefill_attention_of(kernel: str) -> Callable[..., torch.Tensor]:
+    """prefill_attention run by one kernel only, "simple" (part 1) or "fast" (part 2): their
+    tests, and comparisons. Same arguments and fallbacks to stage 07."""
+    def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          cu_seqlens: torch.Tensor, scale: float,
+                          out: torch.Tensor | None = None, *,
+                          cu_seqlens_k: torch.Tensor | None = None,
+                          max_seqlen_q: int | None = None) -> torch.Tensor:
+        return _prefill(KERNELS[kernel], q, k, v, cu_seqlens, scale, out, cu_seqlens_k,
+                        max_seqlen_q)
+    return prefill_attention
+
+
+def _prefill(run: Callable[..., None], q, k, v, cu_seqlens, scale, out, cu_seqlens_k,
+             max_seqlen_q) -> torch.Tensor:
     cu_k = cu_seqlens if cu_seqlens_k is None else cu_seqlens_k
     if not q.is_cuda:
         return flash_attention_native(q, k, v, cu_seqlens, scale, out, cu_seqlens_k=cu_k)
@@ -136,6 +173,5 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_seqlen_q = max((b - a for a, b in zip(bq, bq[1:])), default=0)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    parts.kernels().flash_attention(q, k, v, cu_seqlens, cu_k, int(max_seqlen_q), float(scale),
-                                    out)
+    run(q, k, v, cu_seqlens, cu_k, int(max_seqlen_q), float(scale), out)
     return out

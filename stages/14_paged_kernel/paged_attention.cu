@@ -136,8 +136,8 @@ struct Running {
 // Ring slots per warp: kStages - 1 steps in flight. 2 at head_dim 64, 1 at 128 (chosen when
 // rows were padded: three 8.5 KB slots a warp were 102 KB a block, more than the 99 KB an RTX
 // 30xx/40xx or an L4 allows; unpadded they would be 96 KB, not measured). At head_dim 64 a grid
-// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim: "One wave, one
-// step in flight" and "Fewer blocks than SMs" in the lesson).
+// that is one full wave takes 1, one of fewer blocks than SMs 4 (launch_dim says why; "The
+// ring" in the lesson's Going faster).
 template <int kD>
 constexpr int kDefaultStages = kD <= 64 ? 3 : 2;
 
@@ -172,7 +172,22 @@ template <int kD>
 __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
                                             const __nv_bfloat16* ks, int lane,
                                             float (&s)[2][4]) {
-  // TODO stage 14: zero s; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims kk one ldmatrix.x4 at base ^ (32 kk) (B fragments of both key tiles) and two mma (about 16 lines)
+#pragma unroll
+  for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of key tile 0); 8-15: keys 0-7, dims 8-15 (its b1);
+  // 16-23: keys 8-15, dims 0-7 (b0 of tile 1); 24-31: keys 8-15, dims 8-15.
+  // Chunk 2kk + half of the row sits at (2kk + half) ^ (row % 8) = chunk0 ^ 2kk, chunk0 the
+  // place of chunk half. Rows start at multiples of their size in shared memory (the ring is
+  // 1024-byte aligned), so the address for kk is base with bits 5-7 flipped: one XOR.
+  const int row = (lane % 8) + 8 * (lane / 16), half = (lane / 8) % 2;
+  const uint32_t base = smem_addr(ks + swizzled<kD>(row, half));
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t b[4];
+    ldmatrix_x4(b, base ^ (kk * 32));
+    mma_bf16(s[0], qf[kk], b[0], b[1]);
+    mma_bf16(s[1], qf[kk], b[2], b[3]);
+  }
 }
 
 // The online softmax of one step for this lane's rows r < kR (row g + 8r): s holds the step's
@@ -183,7 +198,30 @@ __device__ __forceinline__ void step_scores(const uint32_t (&qf)[kD / 16][4],
 template <int kD, int kR>
 __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], float (&l)[kR],
                                              float (&o)[kD / 8][4]) {
-  // TODO stage 14: per row: the step's max over the row's 4 lanes (shuffles 1 and 2); alpha = 2^(m_old - m_new); p = 2^(s - m_new); rescale l and o by alpha; l += sum p (about 24 lines)
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]),
+                                 fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // Nothing seen yet: mx = -inf, and -inf - -inf would be NaN; any finite base gives 0s.
+    const float base = mx == -INFINITY ? 0.f : mx;
+    const float alpha = fast_exp2(m[r] - base);
+    m[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][2 * r] = fast_exp2(s[j][2 * r] - base);
+      s[j][2 * r + 1] = fast_exp2(s[j][2 * r + 1] - base);
+      sum += s[j][2 * r] + s[j][2 * r + 1];
+    }
+    l[r] = l[r] * alpha + sum;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) {
+      o[i][2 * r] *= alpha;
+      o[i][2 * r + 1] *= alpha;
+    }
+  }
 }
 
 // o += P V for one step: P (16 rows x 16 keys, in s) becomes one bf16 A fragment; vs, the
@@ -191,7 +229,20 @@ __device__ __forceinline__ void step_softmax(float (&s)[2][4], float (&m)[kR], f
 template <int kD>
 __device__ __forceinline__ void step_values(const float (&s)[2][4], const __nv_bfloat16* vs,
                                             int lane, float (&o)[kD / 8][4]) {
-  // TODO stage 14: the A fragment of P from the two score tiles; this lane's row and half, base = smem_addr of its chunk half (swizzled); per 16 dims, i = 0, 2, ..., kD / 8 - 2 (i counts 8-dim tiles: o[i] and o[i + 1]), one ldmatrix.x4.trans at base ^ (16 i) and two mma (about 14 lines)
+  const uint32_t a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
+                         pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
+  // Lanes 0-7: keys 0-7, dims 0-7 (b0 of dim tile i); 8-15: keys 8-15, dims 0-7 (its b1);
+  // 16-23: keys 0-7, dims 8-15 (b0 of dim tile i + 1); 24-31: keys 8-15, dims 8-15.
+  // As in step_scores: chunk i + half (i even) sits at chunk0 ^ i.
+  const int row = (lane % 8) + 8 * ((lane / 8) % 2), half = lane / 16;
+  const uint32_t base = smem_addr(vs + swizzled<kD>(row, half));
+#pragma unroll
+  for (int i = 0; i < kD / 8; i += 2) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, base ^ (i * 16));
+    mma_bf16(o[i], a, b[0], b[1]);
+    mma_bf16(o[i + 1], a, b[2], b[3]);
+  }
 }
 
 // Split-K's merge, run by the last block of a (sequence, KV head [, chunk]) to finish: its
@@ -390,7 +441,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
   // rows past n_here and dims past d are zeros.
   uint32_t qf[kD / 16][4];
   const __nv_bfloat16* q_rows = p.q + b * p.q_stride + static_cast<int64_t>(h0) * d;
-  // TODO stage 14: per kk the 4 registers of the A fragment (rows g and g + 8, dims 2t and 2t + 8 within the 16): two bf16 = one 32-bit load each, 0 outside the heads and dims (about 10 lines)
+  auto q_pair = [&](int row, int col) -> uint32_t {
+    return row < n_here && col < d ? *reinterpret_cast<const uint32_t*>(q_rows + row * d + col) : 0u;
+  };
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    qf[kk][0] = q_pair(g, 16 * kk + 2 * t);
+    qf[kk][1] = q_pair(g + 8, 16 * kk + 2 * t);
+    qf[kk][2] = q_pair(g, 16 * kk + 2 * t + 8);
+    qf[kk][3] = q_pair(g + 8, 16 * kk + 2 * t + 8);
+  }
   if (rotates) {
     copies_wait<0>();  // this thread's piece of the cos | sin row ...
     __syncthreads();   // ... and every thread's
@@ -471,7 +531,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
   float* s_o = reinterpret_cast<float*>(smem);
   float* s_m = s_o + kWarps * kRows * kD;
   float* s_l = s_m + kWarps * kRows;
-  // TODO stage 14: per row r < kR (head g + 8r): l summed over the row's 4 lanes (shuffles 1 and 2); for heads < n_here, o[i][2r], o[i][2r + 1] to s_o[warp][head][8i + 2t ..], and lane t == 0 writes m and l (about 19 lines)
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int head = g + 8 * r;
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (head < n_here) {
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) {
+        float* dst = s_o + (warp * kRows + head) * kD + 8 * i + 2 * t;
+        dst[0] = o[i][2 * r];
+        dst[1] = o[i][2 * r + 1];
+      }
+      if (t == 0) {
+        s_m[warp * kRows + head] = m[r];
+        s_l[warp * kRows + head] = sum;
+      }
+    }
+  }
   __syncthreads();
 
   // The partitions that hold keys: one in the single pass, and for a short sequence in
@@ -513,8 +591,17 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<kD>) paged_attention_ke
 
 template <int kD, int kR, bool kWholeSteps, int kStages>
 tvllm_status launch(const Params& p, int batch, cudaStream_t stream) {
-  // TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 13 lines)
-  return "TODO stage 14: opt in to Smem<kD, kStages>::kBytes of dynamic shared memory (more than the default 48 KB); grid (batch * partitions, n_kv_heads * head_chunks) of kThreads, launched early (launch_early) (about 13 lines)";
+  // More than the default 48 KB of dynamic shared memory needs an opt-in per kernel.
+  constexpr size_t smem = Smem<kD, kStages>::kBytes;
+  const cudaError_t opted = cudaFuncSetAttribute(
+      paged_attention_kernel<kD, kR, kWholeSteps, kStages>,
+      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (opted != cudaSuccess) {
+    cudaGetLastError();  // clear it: the message goes back through the return value
+    return cudaGetErrorString(opted);
+  }
+  // TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK (about 5 lines)
+  return "TODO stage 14: the grid, as the kernel reads blockIdx: x = (sequence, partition), y = (KV head, chunk of kRows query heads); then launch_early(paged_attention_kernel<kD, kR, kWholeSteps, kStages>, grid, kThreads, smem, stream, p) (pdl.cuh) and return TVLLM_OK (about 5 lines)";
 }
 
 // One or two rows of query heads per lane (at most 8 heads a block, or up to 16); blocks of
@@ -536,7 +623,7 @@ tvllm_status launch_rows(const Params& p, int batch, cudaStream_t stream) {
 // on an H200, while grids of several waves (256 x 512) and of fewer blocks (split-K at batch
 // 1) were 3-5% slower with it. Fewer blocks than SMs, every step in flight: a block has an SM
 // to itself and its warps' steps are a chain of memory latencies, so each warp copies all of
-// a short sequence's steps at once (kFewBlocksStages; lesson 14).
+// a short sequence's steps at once (kFewBlocksStages; "The ring" in the lesson).
 template <int kD>
 tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
   if constexpr (kD == 64) {
@@ -561,9 +648,9 @@ tvllm_status launch_dim(const Params& p, int batch, cudaStream_t stream) {
 // (batch x KV heads x head chunks); when that is fewer, split into partitions of 1024 keys,
 // and halve them (512, 256, 128, 64) while the grid is still short of the target. Large
 // partitions where they suffice: each one more is partials to write and, in the block that
-// merges, to read (the lesson's measurements). On 132 SMs a batch of one sequence (8 KV
-// heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256 blocks), 1024-key
-// ones from 16385.
+// merges, to read ("Split-K and its rule" in the lesson). On 132 SMs a batch of one
+// sequence (8 KV heads) gets 64-key partitions up to max_keys 2048 (32 partitions, 256
+// blocks), 1024-key ones from 16385.
 // What the rule returns before it is written (the skeleton): the binding raises it as a TODO,
 // so that no test of the rule passes where it happens to expect the single pass.
 constexpr int kRuleNotWritten = -1;

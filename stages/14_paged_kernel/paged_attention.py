@@ -7,10 +7,20 @@
 
 where key j of sequence b lives in block block_tables[b, j // block_size], row
 j % block_size, of k_cache / v_cache: [num_blocks, block_size, n_kv_heads, head_dim]. Query
-head h reads KV head h // (n_heads // n_kv_heads). `paged_decode_attention` sends CUDA
-tensors to paged_attention.cu and CPU tensors to `paged_decode_attention_native`.
+head h reads KV head h // (n_heads // n_kv_heads).
 
-On CUDA, small batches are split into partitions of keys computed by separate thread blocks
+Two kernels compute it, the stage's two parts:
+
+    paged_decode_attention_simple   part 1, paged_attention_simple.cu: one thread block per
+                                    (sequence, query head), scalar float math
+    paged_decode_attention_fast     part 2, paged_attention.cu: tensor cores, a cp.async ring,
+                                    split-K merged in the kernel (below)
+    paged_decode_attention          what the engine calls: CPU tensors go to the native twin,
+                                    CUDA tensors to the fast kernel, or to the simple one while
+                                    the fast one is a TODO (course.ops.FirstWritten, one line on
+                                    stderr)
+
+On CUDA, the fast kernel splits small batches are split into partitions of keys computed by separate thread blocks
 and merged by the last of them to finish (flash-decoding's split-K, in one kernel):
 partitions of 1024 keys, halved down to 64 while the grid is short of one block per SM (one
 sequence of 8 KV heads on 132 SMs: 64-key partitions up to max_context 2048). The partition
@@ -25,13 +35,15 @@ With `new_token=(k, v, positions, cos_sin)` the step's new tokens are not in the
 q is not rotated: the kernel rotates q (stage 05's RoPE, in registers), and stores each
 sequence's new key, rotated, and value at its key context_lens[b] - 1 before it reads them
 (the lesson's "The new token"): one kernel of a decode step instead of stage 13's
-rope_cache_write and this one. q, k and v themselves are not changed.
+rope_cache_write and this one. q, k and v themselves are not changed. The simple kernel leaves
+that fusion out: with new_token, stage 13's rope_cache_write stores the token first
+(write_new_token), then the kernel reads it from the cache.
 """
 from __future__ import annotations
 
 import torch
 
-from course import parts
+from course import ops, parts
 
 
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -130,12 +142,38 @@ def paged_decode_attention_native(q: torch.Tensor, k_cache: torch.Tensor, v_cach
     return result
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           out: torch.Tensor | None = None, max_context: int | None = None,
-                           split: bool | None = None, partition: int | None = None,
-                           new_token: NewToken | None = None) -> torch.Tensor:
-    """One query token per sequence against its paged cache: the kernel on CUDA, the twin on CPU.
+def paged_decode_attention_simple(q: torch.Tensor, k_cache: torch.Tensor,
+                                  v_cache: torch.Tensor, block_tables: torch.Tensor,
+                                  context_lens: torch.Tensor, scale: float,
+                                  out: torch.Tensor | None = None,
+                                  max_context: int | None = None, split: bool | None = None,
+                                  partition: int | None = None,
+                                  new_token: NewToken | None = None) -> torch.Tensor:
+    """Part 1's kernel on CUDA (paged_attention_simple.cu), the twin on CPU. The arguments are
+    paged_decode_attention_fast's; this kernel has no split-K, so split and partition change
+    nothing here (they are taken so that either kernel serves the same call). head_dim: any
+    multiple of 8 up to 128; block_size a power of two. With new_token, stage 13's
+    rope_cache_write stores the new token first (write_new_token), then the kernel reads it."""
+    if not q.is_cuda:
+        return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
+                                             scale, out, max_context, split, partition, new_token)
+    if new_token is not None:
+        q = write_new_token(q, k_cache, v_cache, block_tables, context_lens, new_token)
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    parts.kernels().paged_decode_attention_simple(
+        q, k_cache, v_cache, block_tables, context_lens, float(scale),
+        -1 if max_context is None else int(max_context), out)
+    return out
+
+
+def paged_decode_attention_fast(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, context_lens: torch.Tensor,
+                                scale: float, out: torch.Tensor | None = None,
+                                max_context: int | None = None, split: bool | None = None,
+                                partition: int | None = None,
+                                new_token: NewToken | None = None) -> torch.Tensor:
+    """Part 2's kernel on CUDA (paged_attention.cu), the twin on CPU.
 
     q: [batch, n_heads, head_dim] bf16, each row's heads contiguous, rows a multiple of 8
     elements apart (it may be a view of a fused QKV tensor). k_cache, v_cache: [num_blocks,
@@ -168,6 +206,24 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         -1 if max_context is None else int(max_context), -1 if split is None else int(bool(split)),
         out, 0 if partition is None else int(partition), *(new_token or (None,) * 4))
     return out
+
+
+_written = ops.FirstWritten("paged_decode_attention (stage 14)", paged_decode_attention_fast,
+                            paged_decode_attention_simple)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                           out: torch.Tensor | None = None, max_context: int | None = None,
+                           split: bool | None = None, partition: int | None = None,
+                           new_token: NewToken | None = None) -> torch.Tensor:
+    """What the engine calls (same arguments as paged_decode_attention_fast): the twin on CPU;
+    on CUDA the fast kernel, or the simple one while the fast one is still a TODO."""
+    if not q.is_cuda:
+        return paged_decode_attention_native(q, k_cache, v_cache, block_tables, context_lens,
+                                             scale, out, max_context, split, partition, new_token)
+    return _written(q, k_cache, v_cache, block_tables, context_lens, scale, out, max_context,
+                    split, partition, new_token)
 
 
 def partition_keys(batch: int, n_heads: int, n_kv_heads: int, max_context: int,

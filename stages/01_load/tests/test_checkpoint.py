@@ -1,6 +1,7 @@
-"""Stage 01: load and check a whole Llama checkpoint (checkpoint.py).
+"""Stage 01: load and check a whole checkpoint (checkpoint.py).
 
-Tiny random Llamas are saved by `transformers` (one file, and sharded with an index); the
+Tiny random Llamas, and a Qwen2 (q/k/v biases) and a Qwen3 (q/k norms) with heads apart from
+hidden / heads, are saved by `transformers` (one file, and sharded with an index); the
 loaded tensors must equal the transformers model's state_dict() bit for bit. Broken
 checkpoints (a tensor missing, a wrong shape, a shard missing) must be refused with an error
 that names the tensor and the file.
@@ -29,12 +30,14 @@ def load_config(directory: Path):
 
 
 CASES = {
-    # name: (variant, shard_size, dtype)
-    "gqa_tied": ("gqa_tied", None, torch.float32),
-    "llama3_untied": ("llama3_untied", None, torch.float32),
-    "odd_mha_bf16": ("odd_mha", None, torch.bfloat16),
-    "llama3_untied_sharded": ("llama3_untied", "50KB", torch.float32),
-    "gqa_tied_sharded_bf16": ("gqa_tied", "50KB", torch.bfloat16),
+    # name: (variant, shard_size, dtype, family)
+    "gqa_tied": ("gqa_tied", None, torch.float32, "llama"),
+    "llama3_untied": ("llama3_untied", None, torch.float32, "llama"),
+    "odd_mha_bf16": ("odd_mha", None, torch.bfloat16, "llama"),
+    "llama3_untied_sharded": ("llama3_untied", "50KB", torch.float32, "llama"),
+    "gqa_tied_sharded_bf16": ("gqa_tied", "50KB", torch.bfloat16, "llama"),
+    "qwen2_wide_heads": ("wide_heads_tied", None, torch.float32, "qwen2"),
+    "qwen3_narrow_heads_bf16": ("narrow_heads_untied", None, torch.bfloat16, "qwen3"),
 }
 
 
@@ -42,9 +45,10 @@ CASES = {
 def saved(tmp_path_factory) -> dict[str, tuple[Path, dict[str, torch.Tensor]]]:
     """Each case saved once: (directory, the transformers model's state_dict)."""
     out = {}
-    for name, (variant, shard_size, dtype) in CASES.items():
+    for name, (variant, shard_size, dtype, family) in CASES.items():
         d = tmp_path_factory.mktemp(name)
-        model = fixtures.save_tiny_llama(d, variant, shard_size=shard_size, dtype=dtype)
+        model = fixtures.save_tiny_llama(d, variant, shard_size=shard_size, dtype=dtype,
+                                         family=family)
         out[name] = (d, {k: v.detach().clone() for k, v in model.state_dict().items()})
     return out
 
@@ -84,7 +88,8 @@ def test_tied_lm_head_is_the_embedding(saved, case):
         "tied embeddings: lm_head.weight must be the embed_tokens tensor itself, not a copy")
 
 
-@pytest.mark.parametrize("case", ["gqa_tied", "llama3_untied", "odd_mha_bf16"])
+@pytest.mark.parametrize("case", ["gqa_tied", "llama3_untied", "odd_mha_bf16",
+                                  "qwen2_wide_heads", "qwen3_narrow_heads_bf16"])
 def test_expected_shapes(saved, case):
     directory, state = saved[case]
     config = load_config(directory)
@@ -101,7 +106,8 @@ def test_expected_shapes(saved, case):
     assert not wrong, "expected_shapes: wrong shapes (got, transformers): " + ", ".join(
         f"{k}: {g} vs {e}" for k, (g, e) in list(wrong.items())[:5]) + (
         ". Linear weights are [out_features, in_features]; k/v_proj have "
-        "num_key_value_heads * head_dim rows")
+        "num_key_value_heads * head_dim rows; with qkv_bias (Qwen2) q/k/v_proj have a .bias "
+        "[rows], with qk_norm (Qwen3) self_attn has q_norm.weight and k_norm.weight [head_dim]")
 
 
 # --- broken checkpoints ------------------------------------------------------------------
@@ -141,6 +147,18 @@ def test_missing_tensor(saved, tmp_path):
     rewrite_single(d, lambda t: t.pop(name))
     expect_checkpoint_error(d, load_config(d), name, "model.safetensors",
                             hint="check every name of expected_shapes(config) is in the files")
+
+
+@pytest.mark.parametrize("case,name", [
+    ("qwen2_wide_heads", "model.layers.0.self_attn.v_proj.bias"),
+    ("qwen3_narrow_heads_bf16", "model.layers.1.self_attn.k_norm.weight")])
+def test_missing_family_tensor(saved, tmp_path, case, name):
+    d = copy_case(saved, case, tmp_path / "ckpt")
+    rewrite_single(d, lambda t: t.pop(name))
+    expect_checkpoint_error(d, load_config(d), name, "model.safetensors",
+                            hint="config.qkv_bias (Qwen2) adds q/k/v_proj.bias to each layer, "
+                                 "config.qk_norm (Qwen3) self_attn.q_norm.weight and "
+                                 "k_norm.weight")
 
 
 def test_untied_without_lm_head(saved, tmp_path):

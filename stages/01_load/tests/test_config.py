@@ -3,7 +3,8 @@
 Configs come from two places: written by `transformers` itself (save_pretrained of tiny
 random Llamas: the newer `rope_parameters` form), and written here by hand in the older
 `rope_theta` + `rope_scaling` form, copied from real checkpoints (Llama-3.2-1B, SmolLM2-135M,
-TinyLlama). transformers' LlamaConfig reading the same dict is the oracle where it applies.
+TinyLlama, Qwen3-0.6B, Qwen2.5-0.5B-Instruct, Mistral-7B-Instruct-v0.3). transformers' config
+class of the family reading the same dict is the oracle where it applies.
 """
 from __future__ import annotations
 
@@ -47,6 +48,35 @@ TINYLLAMA = {  # no rope_theta (transformers' default 10000.0), no model_type, u
     "num_key_value_heads": 4, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
     "vocab_size": 32000,
 }
+
+QWEN3_06B = {
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "bos_token_id": 151643,
+    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+    "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+    "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN25_05B = {  # no head_dim (896 / 14 = 64); sliding_window set, but use_sliding_window off
+    "architectures": ["Qwen2ForCausalLM"], "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "hidden_size": 896, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+    "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+MISTRAL_7B_V03 = {
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "vocab_size": 32768,
+}
+FAMILY_CONFIGS = {"qwen3": (QWEN3_06B, "Qwen3Config"), "qwen2": (QWEN25_05B, "Qwen2Config"),
+                  "mistral": (MISTRAL_7B_V03, "MistralConfig")}
 
 
 def write_config(directory: Path, raw: dict) -> Path:
@@ -237,9 +267,63 @@ def test_missing_required_key(tmp_path, key):
                              "does not say which file)")
 
 
-def test_other_architecture(tmp_path):
-    expect_config_error(dict(SMOLLM2_135M, model_type="mistral"), tmp_path, "mistral",
-                        hint="accept model_type 'llama' or no model_type, nothing else")
+@pytest.mark.parametrize("model_type", ["gpt2", "qwen3_moe", "mixtral"])
+def test_other_architecture(tmp_path, model_type):
+    expect_config_error(dict(SMOLLM2_135M, model_type=model_type), tmp_path, model_type,
+                        hint="accept the model_types of FAMILIES (or no model_type), nothing "
+                             "else")
+
+
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_family_configs(tmp_path, family):
+    """Real config.json files of the other families, read as transformers reads them, and the
+    family's switches: qkv_bias for Qwen2, qk_norm for Qwen3, neither for Mistral."""
+    import transformers
+    raw, hf_class = FAMILY_CONFIGS[family]
+    cfg = cfg_mod().load_config(write_config(tmp_path / family, raw))
+    hf = getattr(transformers, hf_class)(**raw)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+                  "tie_word_embeddings", "bos_token_id"):
+        assert getattr(cfg, field) == getattr(hf, field), (
+            f"{family}: {field} = {getattr(cfg, field)!r}, transformers reads "
+            f"{getattr(hf, field)!r}")
+    # as transformers' attention takes it (Qwen2Config has no head_dim of its own)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    assert cfg.head_dim == head_dim, f"{family}: head_dim {cfg.head_dim}, expected {head_dim}"
+    assert cfg.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+    assert cfg.rope_theta == pytest.approx(hf.rope_parameters["rope_theta"])
+    assert cfg.rope_scaling is None
+    assert (cfg.model_type, cfg.qkv_bias, cfg.qk_norm) == (
+        family, family == "qwen2", family == "qwen3"), (
+        f"{family}: model_type, qkv_bias, qk_norm = {cfg.model_type!r}, {cfg.qkv_bias}, "
+        f"{cfg.qk_norm}. Likely cause: qkv_bias is model_type == 'qwen2', qk_norm is "
+        "model_type == 'qwen3'")
+
+
+@pytest.mark.parametrize("raw,words", [
+    (dict(MISTRAL_7B_V03, sliding_window=4096), ("sliding_window", "4096")),
+    (dict(QWEN25_05B, use_sliding_window=True), ("use_sliding_window",)),
+    (dict(QWEN3_06B, layer_types=["full_attention", "sliding_attention"]), ("layer_types",)),
+    (dict(QWEN3_06B, attention_bias=True), ("attention_bias",)),
+    (dict(LLAMA_32_1B, mlp_bias=True), ("mlp_bias",)),
+    (dict(QWEN3_06B, num_experts=128), ("num_experts",)),
+    (dict(MISTRAL_7B_V03, hidden_act="gelu"), ("hidden_act", "gelu")),
+    (dict(QWEN3_06B, architectures=["Qwen3ForSequenceClassification"]), ("architectures",)),
+    (dict(LLAMA_32_1B, partial_rotary_factor=0.5), ("partial_rotary_factor",)),
+], ids=["mistral-window", "qwen-window", "sliding-layers", "o-bias", "mlp-bias", "experts",
+        "gelu", "classifier", "partial-rope"])
+def test_what_a_family_needs_is_refused(tmp_path, raw, words):
+    """Each would load and compute another model than the checkpoint's: one line naming the
+    field (refuse_unsupported, given)."""
+    expect_config_error(raw, tmp_path, *words, hint="see refuse_unsupported in config.py")
+
+
+def test_a_window_that_covers_the_context_is_harmless(tmp_path):
+    """Some Mistral configs set sliding_window to max_position_embeddings: no key is ever
+    outside it, so the model is the one without a window."""
+    raw = dict(MISTRAL_7B_V03, sliding_window=MISTRAL_7B_V03["max_position_embeddings"])
+    assert cfg_mod().load_config(write_config(tmp_path / "w", raw)).model_type == "mistral"
 
 
 @pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters"])

@@ -1,10 +1,11 @@
-"""Stage 08: the whole forward pass (model.py) against transformers on tiny random Llamas.
+"""Stage 08: the whole forward pass (model.py) against transformers on tiny random models.
 
-The oracle is transformers' LlamaForCausalLM holding the same weights (course.testing.fixtures): GQA
-with tied embeddings, Llama-3 rope scaling with untied embeddings, and odd sizes with plain
-multi-head attention. On the CPU everything runs in float32 and must agree to float32
-rounding; on a GPU (bf16) within bf16 tolerance, measured by the relative error of each
-layer's output (course.testing.equivalence).
+The oracle is transformers' model of the same family holding the same weights
+(course.testing.fixtures): Llamas with GQA and tied embeddings, Llama-3 rope scaling with
+untied embeddings, and odd sizes with plain multi-head attention; a Qwen2 (q/k/v bias) and a
+Qwen3 (per-head q/k norm) whose heads are not hidden / heads wide. On the CPU everything runs
+in float32 and must agree to float32 rounding; on a GPU (bf16) within bf16 tolerance, measured
+by the relative error of each layer's output (course.testing.equivalence).
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import torch
 from course import parts
 from course.testing import checks, equivalence, fixtures
 
-VARIANTS = list(fixtures.VARIANTS)
+# (shape, family): every Llama variant, and one model of each family that changes the layer
+CASES = [(v, "llama") for v in fixtures.VARIANTS] + [("narrow_heads_untied", "qwen2"),
+                                                      ("wide_heads_tied", "qwen3")]
 FP32_TOL = 1e-4    # relative to the largest |value|: float32 rounding through a few layers
 BF16_TOL = 2e-2    # relative Frobenius error of each layer's output and of the logits
 STEPS = 20
@@ -25,10 +28,15 @@ def model_mod():
     return parts.load("08", "model")
 
 
-@pytest.fixture(scope="module", params=VARIANTS)
+@pytest.fixture(scope="module", params=CASES,
+                ids=lambda c: c[0] if c[1] == "llama" else f"{c[1]}_{c[0]}")
 def tiny(request, tmp_path_factory):
-    """A tiny random Llama saved in HF layout, loaded back by stage 01's loader."""
-    return fixtures.load_tiny(tmp_path_factory.mktemp(request.param), request.param)
+    """A tiny random model saved in HF layout, loaded back by stage 01's loader."""
+    variant, family = request.param
+    tiny = fixtures.load_tiny(tmp_path_factory.mktemp(variant), variant, family=family)
+    if family != "llama":
+        tiny.variant = f"{family} {variant}"
+    return tiny
 
 
 def random_prompt(length: int, vocab: int) -> list[int]:
@@ -43,7 +51,8 @@ def assert_fp32_close(got: torch.Tensor, expected: torch.Tensor, what: str, hint
 
 LAYER_HINT = {
     0: "the first layer is already wrong: check the attention block (qkv split into q, k, v; "
-       "RoPE on q and k only; the o projection) and the MLP block (gate first, up second)",
+       "RoPE on q and k only; the o projection) and the MLP block (gate first, up second); "
+       "Qwen: self.family_qkv_(layer, qkv) right after the qkv projection, before the split",
     "later": "the first layers agree and this one does not: is each layer using its own "
              "weights, and does the residual stream carry over between layers?",
 }
@@ -138,10 +147,9 @@ def test_greedy_stops_at_eos(tiny, seed):
 def test_bf16_on_gpu_matches_transformers(tiny, seed):
     """The same model in bf16 on the GPU (our kernels) vs transformers in bf16 on the GPU."""
     M = model_mod()
-    from transformers import LlamaForCausalLM
     # Loaded in bf16 as users load it. (hf.to(torch.bfloat16) would also round the rotary
     # inv_freq buffer to bf16, and transformers' own angles would drift with the position.)
-    hf = LlamaForCausalLM.from_pretrained(tiny.directory, dtype=torch.bfloat16).to("cuda").eval()
+    hf = type(tiny.hf).from_pretrained(tiny.directory, dtype=torch.bfloat16).to("cuda").eval()
     m = M.LlamaModel(tiny.config, tiny.weights, "cuda", torch.bfloat16)
     ids = random_prompt(29, tiny.config.vocab_size)
     logits, hidden = equivalence.our_logits(m, [ids], return_hidden=True)

@@ -146,6 +146,25 @@ def test_generate_stops_at_eos(tiny, seed):
                                  "stop right after emitting an eos id (and return it)")
 
 
+def test_generate_feeds_one_token_a_step_after_the_prefill(tiny, seed, monkeypatch):
+    """The point of the cache: the prompt runs once, then each step runs only the newest token.
+    Re-feeding the whole sequence gives the same tokens, and throws the cache's speed away."""
+    m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
+    prompt = random_prompt(7, tiny.config.vocab_size, seed)
+    fed = []
+    forward = m.forward
+
+    def counting_forward(ids, *args, **kwargs):
+        fed.append(int(ids.numel()))
+        return forward(ids, *args, **kwargs)
+    monkeypatch.setattr(m, "forward", counting_forward)
+    out = kv().generate_greedy(m, prompt, 5)
+    assert fed == [7, 1, 1, 1, 1], (
+        f"tokens fed to model.forward per step: {fed}, expected [7, 1, 1, 1, 1] for a 7-token "
+        f"prompt and {len(out)} new tokens: after the prefill each step feeds only the token "
+        f"picked last (its K/V are the only ones not cached yet), and the last pick is never fed")
+
+
 def test_generate_one_token_prompt_and_errors(tiny):
     m = model_mod().LlamaModel(tiny.config, tiny.weights, "cpu", torch.float32)
     assert len(kv().generate_greedy(m, [5], 3)) == 3, "a one-token prompt is a valid prompt"

@@ -73,6 +73,10 @@ def test_decode_run_equals_a_plain_decode_step(tiny, seed):
         t.copy_(old)
     positions, meta = plan.metadata(cache, m.device)
     expected = m.forward(torch.tensor(new_ids), positions, meta)
+    assert got.shape == expected.shape, (
+        f"run returned hidden states of shape {tuple(got.shape)}, expected "
+        f"{tuple(expected.shape)}: return the batch's real rows only (the first len(ids) rows "
+        f"of the padded buffer), not the padding rows")
     checks.assert_close(got, expected, what="hidden states of a padded decode step",
                         dtype=torch.float32, atol=1e-5, rtol=1e-5,
                         hint="write ids, positions, slot_mapping and context_lens into the host "

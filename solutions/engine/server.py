@@ -1,0 +1,255 @@
+"""An OpenAI-compatible HTTP server over the engine: the ASGI app (Starlette; serve_cli.py
+runs it on uvicorn).
+
+    app = build_app(llm.engine, llm.prepare, "SmolLM2-135M-Instruct", api_key=None)
+    curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+         -d '{"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}]}'
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions (whole or streamed as server-sent
+events ending in `data: [DONE]`), GET /v1/models, GET /health (the engine's running and
+waiting requests and KV-cache use). openai_protocol.py says which fields are supported.
+
+One engine thread serves every connection together (async_engine.py): a request is
+add_request, a client that leaves (mid-stream, or before a whole response is done) is abort,
+its cache freed at once. Errors are OpenAI's error object with the status: 400 for a body
+that is not JSON, a missing, wrong or unsupported field, an unknown model, a prompt longer
+than the context; 401 for a wrong or missing key (--api-key); 413 for a body over 8 MiB;
+503 with Retry-After when the engine already holds its running and max_waiting requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from solutions.engine import openai_protocol as api
+from solutions.engine.async_engine import AsyncEngine, Overloaded, RequestStream
+from solutions.engine.llm_engine import token_ids
+
+if TYPE_CHECKING:
+    from solutions.engine.llm_engine import LLMEngine
+
+MAX_BODY_BYTES = 8 << 20
+RETRY_AFTER_S = 1
+# prompt -> token ids; raw: a string is the whole prompt (completions), not a user message
+Prepare = Callable[[object, bool], list[int]]
+
+
+def ids_only(max_len: int) -> Prepare:
+    """The prompt check of a server without a tokenizer: token ids only."""
+    def prepare(prompt: object, raw: bool) -> list[int]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            raise ValueError("this server's model has no tokenizer: send token ids")
+        ids = token_ids(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens)")
+        if len(ids) > max_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
+                             f"{max_len} positions")
+        return ids
+    return prepare
+
+
+def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
+              api_key: str | None = None, max_waiting: int = 256,
+              has_text: bool = True) -> Starlette:
+    """The ASGI app over an LLMEngine that nothing else drives. prepare: prompt -> checked
+    token ids (LLM.prepare, or ids_only); has_text: the engine detokenizes (stop strings)."""
+    serving = AsyncEngine(engine, engine.scheduler.config.max_num_seqs + max_waiting)
+    max_len = engine.max_model_len
+    created = int(time.time())
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise api.APIError(401, "a wrong or missing API key: send the header "
+                                    "'Authorization: Bearer KEY'", code="invalid_api_key")
+
+    async def health(request: Request) -> Response:
+        s = serving.stats
+        return JSONResponse({"status": "ok", "running": s.running, "waiting": s.waiting,
+                             "kv_cache_used": s.kv_cache_used,
+                             "kv_cache_total": s.kv_cache_total, "aborted": serving.aborted})
+
+    async def models(request: Request) -> Response:
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": created, "owned_by": "tiny-vllm",
+             "max_model_len": max_len}]})
+
+    async def generate(request: Request, chat: bool) -> Response:
+        authorize(request)
+        req = api.parse_request(await _json(request), chat)
+        if req.model != model_name:
+            raise api.APIError(400, f"the model '{req.model}' is not served here; this server "
+                                    f"serves '{model_name}'", "model", "model_not_found")
+        if "stop" in req.sampling and not has_text:
+            raise api.APIError(400, "'stop' needs text, and this server's model has no "
+                                    "tokenizer", "stop")
+        where = "messages" if chat else "prompt"
+        jobs, prompt_tokens = [], 0
+        for prompt in req.prompts:
+            try:
+                ids = prepare(prompt, not chat)
+            except (ValueError, TypeError) as e:
+                raise api.APIError(400, str(e), where) from None
+            prompt_tokens += len(ids)
+            # default: the rest of the context (a prompt that fills it still gets its token)
+            jobs += [(ids, req.params(i, max(1, max_len - len(ids)))) for i in range(req.n)]
+        if len(jobs) > serving.capacity:
+            raise api.APIError(400, f"{len(jobs)} choices in one request, more than the "
+                                    f"{serving.capacity} requests this server holds", "n")
+        try:
+            stream = await serving.add(jobs)
+        except Overloaded as e:
+            raise api.APIError(503, f"the server is busy ({e}): retry later",
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except (ValueError, TypeError) as e:
+            raise api.APIError(400, str(e), where) from None
+        if req.stream:
+            return StreamingResponse(_events(serving, req, stream, prompt_tokens),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await _whole(serving, request, req, stream, prompt_tokens)
+
+    async def chat(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        serving.start()
+        try:
+            yield
+        finally:
+            serving.stop()
+
+    app = Starlette(routes=[
+        Route("/health", health), Route("/v1/models", models),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ], lifespan=lifespan, exception_handlers={
+        api.APIError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    app.state.engine = serving
+    return app
+
+
+async def _json(request: Request) -> object:
+    """The body as JSON: 413 past MAX_BODY_BYTES, 400 when it does not parse."""
+    declared = request.headers.get("content-length", "")
+    too_big = api.APIError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > MAX_BODY_BYTES:
+            raise too_big
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:   # UnicodeDecodeError is a ValueError
+        raise api.APIError(400, f"the body is not valid JSON: {e}") from None
+
+
+def _merge(batch: list[tuple[int, object]]) -> dict[int, tuple[str, list[int], str | None]]:
+    """One step's (or several steps') outputs per choice: text, token ids, finish reason."""
+    merged: dict[int, tuple[str, list[int], str | None]] = {}
+    for index, out in batch:
+        text, ids, _ = merged.get(index, ("", [], None))
+        merged[index] = (text + out.new_text, ids + out.new_token_ids, out.finish_reason)
+    return merged
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _events(serving: AsyncEngine, req: api.GenerationRequest, stream: RequestStream,
+                  prompt_tokens: int) -> AsyncIterator[str]:
+    """The streamed response: a chunk per choice per delivery, usage if asked, [DONE]. The
+    finally runs when the client disconnects too (Starlette cancels the stream)."""
+    started, generated = set(), 0
+    try:
+        async for batch in stream:
+            for index, (text, ids, reason) in sorted(_merge(batch).items()):
+                generated += len(ids)
+                part = api.choice(req, index, text, ids, reason, delta=True,
+                                  first=index not in started)
+                started.add(index)
+                yield _sse(api.response(req, [part], None, chunk=True))
+        if req.include_usage:
+            yield _sse(api.response(req, [], api.usage(prompt_tokens, generated), chunk=True))
+    except RuntimeError as e:        # the engine failed: the stream says so and ends
+        yield _sse(api.error_body(500, str(e)))
+    finally:
+        serving.abort(stream)
+    yield _sse("[DONE]")
+
+
+async def _whole(serving: AsyncEngine, request: Request, req: api.GenerationRequest,
+                 stream: RequestStream, prompt_tokens: int) -> Response:
+    """The whole response, once every choice has finished; a client that leaves before
+    aborts its requests."""
+    k = len(stream.request_ids)
+    texts, ids, reasons = [""] * k, [[] for _ in range(k)], [None] * k
+
+    async def collect() -> None:
+        async for batch in stream:
+            for index, (text, new_ids, reason) in _merge(batch).items():
+                texts[index] += text
+                ids[index] += new_ids
+                reasons[index] = reason
+
+    done, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(_left(request))
+    try:
+        await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not done.done():
+            done.cancel()
+            return Response(status_code=499)    # nobody reads it: the client has gone
+        done.result()   # the engine's failure, if any
+    except RuntimeError as e:
+        raise api.APIError(500, str(e)) from None
+    finally:
+        gone.cancel()
+        serving.abort(stream)
+    choices = [api.choice(req, i, texts[i], ids[i], reasons[i], delta=False) for i in range(k)]
+    return JSONResponse(api.response(req, choices, api.usage(prompt_tokens, sum(map(len, ids)))))
+
+
+async def _left(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: receive waits for it)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, api.APIError)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    detail = {404: f"no route {request.url.path} (see /v1/models, /v1/completions, "
+                   f"/v1/chat/completions, /health)",
+              405: f"{request.method} is not allowed on {request.url.path}"}
+    return JSONResponse(api.error_body(exc.status_code, detail.get(exc.status_code, exc.detail)),
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    return JSONResponse(api.error_body(500, f"internal error: {type(exc).__name__}: {exc}"),
+                        status_code=500)
