@@ -67,7 +67,9 @@ def check_pool(bm, seqs):
 @pytest.mark.points(3)
 def test_allocate_gives_each_token_a_position_and_never_the_pad_block():
     bm = manager(num_blocks=9, block_size=4)
-    assert bm.pad_block == 0 and bm.num_total_blocks == 8 and bm.num_free_blocks == 8
+    assert bm.pad_block == 0 and bm.num_total_blocks == 8 and bm.num_free_blocks == 8, (
+        f"9 blocks, block 0 the pad block: 8 to hand out, all free; got {bm.num_free_blocks} "
+        f"free ({sorted(bm.free_blocks)}): the pad block is never in the free list")
     a = admit(bm, new_seq(0, range(1, 11)))            # 10 tokens: 3 blocks
     assert len(a.block_table) == 3, f"10 tokens in blocks of 4 need 3 blocks, got {a.block_table}"
     assert a.num_cached == 0, "nothing is cached in a fresh pool"
