@@ -147,7 +147,7 @@ class Scheduler:
         c = self.config
         budget = c.max_num_batched_tokens
         batch: list[Sequence] = []
-        # BEGIN SOLUTION: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each
+        # BEGIN SOLUTION: the next step: a prefill step if there is prompt work, else a decode step, meeting every requirement of the lesson's exercise 3 (one kind per step, unfinished prompts first, first come first served, the limits, counted after allocate, decode with preemption)
         for seq in self.running:
             if seq.num_uncached > 1 and budget > 0:
                 seq.num_scheduled = min(seq.num_uncached, budget)
@@ -188,7 +188,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's cache and queue it first: it is prefilled again (prompt
         and output so far) when there is room. Its tokens are kept; nothing is lost."""
-        # BEGIN SOLUTION: leave running, allocator.free, num_cached = 0, WAITING, front of the queue
+        # BEGIN SOLUTION: what a preempted sequence becomes (the lesson's exercise 4: its cache, its counts, its status, its place in the queue, the count)
         self.running.remove(seq)
         self.allocator.free(seq)
         seq.num_cached = seq.num_scheduled = 0
@@ -200,7 +200,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (finished or aborted): it leaves the running set or the queue and
         its cache goes back to the allocator."""
-        # BEGIN SOLUTION: remove it from running (allocator.free) or from waiting; status FINISHED, finish_reason
+        # BEGIN SOLUTION: end a running or a waiting sequence (the lesson's exercise 5)
         if seq in self.running:
             self.running.remove(seq)
             self.allocator.free(seq)

@@ -134,7 +134,7 @@ class BlockManager:
     def _take_fresh(self) -> Block:
         """The least recently used free block, emptied for new contents (if it was in the
         prefix cache, that entry is evicted)."""
-        # BEGIN SOLUTION: pop the first free block (free_blocks.popitem(last=False)); drop its hash_to_block entry if it is the one registered (count an eviction); reset hash/tokens/parent, a new serial, ref_count 1
+        # BEGIN SOLUTION: the least recently freed block, evicted from the prefix cache if it names cached contents (count it), emptied, a new serial, held once
         block = self.blocks[self.free_blocks.popitem(last=False)[0]]
         if block.hash is not None:
             if self.hash_to_block.get(block.hash) == block.block_id:
@@ -164,7 +164,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return found
         bs = self.block_size
-        # BEGIN SOLUTION: for each full block within the first num_tokens - 1 tokens: chain_hash from the previous hash; stop at the first block that is not registered or whose token_ids or parent (previous found block's serial, -1 first) differ
+        # BEGIN SOLUTION: the cached blocks at the start of seq, in order, and their hashes: the rules of the lesson's "Keeping shared memory correct" (changes nothing)
         prefix, parent = -1, -1
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs: (i + 1) * bs])
@@ -194,7 +194,7 @@ class BlockManager:
         start = len(hashes)
         if seq.num_cached // bs <= start:
             return   # no block filled since the last call: most decode steps end here
-        # BEGIN SOLUTION: for the blocks past len(hashes) that are full and cached (within num_cached and the table): chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent)
+        # BEGIN SOLUTION: name seq's computed full blocks that have no name yet, in order, extending its chain; a prefix already registered in another block keeps that block in the chain
         end = min(seq.num_cached // bs, len(seq.block_table))
         parent = -1
         if start:

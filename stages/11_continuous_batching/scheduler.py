@@ -147,17 +147,17 @@ class Scheduler:
         c = self.config
         budget = c.max_num_batched_tokens
         batch: list[Sequence] = []
-        # TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 35 lines)
-        raise NotImplementedError("TODO stage 11: prefill: continue running sequences with more than one uncached token, then admit waiting ones in order (allocator.can_allocate / allocate, budget, max_num_seqs; chunk if allowed); if any, return them. Else decode: for each running sequence, preempt the newest ones until allocator.can_append (maybe itself), append, one token each (about 35 lines)")
+        # TODO stage 11: the next step: a prefill step if there is prompt work, else a decode step, meeting every requirement of the lesson's exercise 3 (one kind per step, unfinished prompts first, first come first served, the limits, counted after allocate, decode with preemption) (about 35 lines)
+        raise NotImplementedError("TODO stage 11: the next step: a prefill step if there is prompt work, else a decode step, meeting every requirement of the lesson's exercise 3 (one kind per step, unfinished prompts first, first come first served, the limits, counted after allocate, decode with preemption) (about 35 lines)")
 
     def preempt(self, seq: Sequence) -> None:
         """Free a running sequence's cache and queue it first: it is prefilled again (prompt
         and output so far) when there is room. Its tokens are kept; nothing is lost."""
-        # TODO stage 11: leave running, allocator.free, num_cached = 0, WAITING, front of the queue (about 6 lines)
-        raise NotImplementedError("TODO stage 11: leave running, allocator.free, num_cached = 0, WAITING, front of the queue (about 6 lines)")
+        # TODO stage 11: what a preempted sequence becomes (the lesson's exercise 4: its cache, its counts, its status, its place in the queue, the count) (about 6 lines)
+        raise NotImplementedError("TODO stage 11: what a preempted sequence becomes (the lesson's exercise 4: its cache, its counts, its status, its place in the queue, the count) (about 6 lines)")
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence (finished or aborted): it leaves the running set or the queue and
         its cache goes back to the allocator."""
-        # TODO stage 11: remove it from running (allocator.free) or from waiting; status FINISHED, finish_reason (about 8 lines)
-        raise NotImplementedError("TODO stage 11: remove it from running (allocator.free) or from waiting; status FINISHED, finish_reason (about 8 lines)")
+        # TODO stage 11: end a running or a waiting sequence (the lesson's exercise 5) (about 8 lines)
+        raise NotImplementedError("TODO stage 11: end a running or a waiting sequence (the lesson's exercise 5) (about 8 lines)")

@@ -134,8 +134,8 @@ class BlockManager:
     def _take_fresh(self) -> Block:
         """The least recently used free block, emptied for new contents (if it was in the
         prefix cache, that entry is evicted)."""
-        # TODO stage 13: pop the first free block (free_blocks.popitem(last=False)); drop its hash_to_block entry if it is the one registered (count an eviction); reset hash/tokens/parent, a new serial, ref_count 1 (about 10 lines)
-        raise NotImplementedError("TODO stage 13: pop the first free block (free_blocks.popitem(last=False)); drop its hash_to_block entry if it is the one registered (count an eviction); reset hash/tokens/parent, a new serial, ref_count 1 (about 10 lines)")
+        # TODO stage 13: the least recently freed block, evicted from the prefix cache if it names cached contents (count it), emptied, a new serial, held once (about 10 lines)
+        raise NotImplementedError("TODO stage 13: the least recently freed block, evicted from the prefix cache if it names cached contents (count it), emptied, a new serial, held once (about 10 lines)")
 
     def _share(self, block: Block) -> None:
         """One more sequence holds `block` (a prefix-cache hit); a free one leaves the free list."""
@@ -151,8 +151,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return found
         bs = self.block_size
-        # TODO stage 13: for each full block within the first num_tokens - 1 tokens: chain_hash from the previous hash; stop at the first block that is not registered or whose token_ids or parent (previous found block's serial, -1 first) differ (about 13 lines)
-        raise NotImplementedError("TODO stage 13: for each full block within the first num_tokens - 1 tokens: chain_hash from the previous hash; stop at the first block that is not registered or whose token_ids or parent (previous found block's serial, -1 first) differ (about 13 lines)")
+        # TODO stage 13: the cached blocks at the start of seq, in order, and their hashes: the rules of the lesson's "Keeping shared memory correct" (changes nothing) (about 13 lines)
+        raise NotImplementedError("TODO stage 13: the cached blocks at the start of seq, in order, and their hashes: the rules of the lesson's \"Keeping shared memory correct\" (changes nothing) (about 13 lines)")
         return found
 
     def _register(self, seq: Sequence) -> None:
@@ -168,8 +168,8 @@ class BlockManager:
         start = len(hashes)
         if seq.num_cached // bs <= start:
             return   # no block filled since the last call: most decode steps end here
-        # TODO stage 13: for the blocks past len(hashes) that are full and cached (within num_cached and the table): chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent) (about 22 lines)
-        raise NotImplementedError("TODO stage 13: for the blocks past len(hashes) that are full and cached (within num_cached and the table): chain_hash from the last hash, append it; the parent is the serial of the block registered for the previous hash (the chain a lookup walks); if hash_to_block holds a block with these tokens and this parent, it is a duplicate: the chain continues through it; else register this one (hash, token_ids, parent) (about 22 lines)")
+        # TODO stage 13: name seq's computed full blocks that have no name yet, in order, extending its chain; a prefix already registered in another block keeps that block in the chain (about 22 lines)
+        raise NotImplementedError("TODO stage 13: name seq's computed full blocks that have no name yet, in order, extending its chain; a prefix already registered in another block keeps that block in the chain (about 22 lines)")
 
     # -- the CacheAllocator interface (stage 11's scheduler calls these) ---------------------
 
