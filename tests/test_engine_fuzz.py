@@ -40,7 +40,7 @@ import torch
 
 from course import parts
 from course.testing import fixtures
-from course.testing.engine_audit import audit
+from course.testing.engine_audit import audit, watch_plans
 
 GiB = 1 << 30
 MAX_NEW = 20          # the most tokens a request asks for
@@ -266,6 +266,7 @@ def serve(engine, case: Case) -> int:
     """Run the case's requests through the engine, checking after every step; the steps."""
     by_rid: dict[int, Request] = {}
     pending = list(case.requests)
+    watch_plans(engine.scheduler)   # every plan meets what any correct scheduler guarantees
     step = 0
     while engine.has_unfinished() or pending:
         where = f"before step {step}"
