@@ -45,9 +45,23 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
             clients: int = CLIENT_PROCESSES, describe: Callable[[str], None] = print) -> dict:
     """Serve the requests to streaming HTTP clients; the raw per-request records
     ({"sent", "times", "counts"}, in request order) and the client processes' count."""
+    from bench.ours import release
+    try:
+        records = _serve(model, requests, max_model_len, clients, describe)
+    finally:
+        # only now: until _serve returned, its server (uvicorn's config holds the app, the
+        # app the engine) kept the engine and its KV pool alive
+        release()
+    return {"records": records, "clients": clients}
+
+
+def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clients: int,
+           describe: Callable[[str], None]) -> list[dict]:
+    """The server over a warmed-up engine, on a free port in a thread, until the clients are
+    done; their records."""
     import uvicorn
 
-    from bench.ours import release, warmed_engine
+    from bench.ours import warmed_engine
     from solutions.engine.serve_cli import listen
     from solutions.engine.server import build_app, ids_only
     engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
@@ -63,14 +77,11 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
-        records = run_clients(sock.getsockname()[1], requests, clients)
+        return run_clients(sock.getsockname()[1], requests, clients)
     finally:
         server.should_exit = True
         thread.join()
         sock.close()
-        del app, engine
-        release()
-    return {"records": records, "clients": clients}
 
 
 def run_clients(port: int, requests: list[Request], clients: int) -> list[dict]:

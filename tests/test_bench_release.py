@@ -1,0 +1,52 @@
+"""The benchmark gives each engine's memory back when its session ends: the next engine sizes
+its KV pool from the memory free then, and transformers runs after them all (on a GPU, a pool
+of tens of GiB left behind makes the rest of the run run out of memory)."""
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from bench import ours
+from course import parts
+from course.testing import fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    fixtures.save_tiny_llama(d, "gqa_tied", eos_token_id=None)
+    config = parts.load("01", "config").load_config(d)
+    weights = parts.load("01", "checkpoint").load_checked(d, config)
+    return parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
+
+
+def watch_engines(monkeypatch) -> list[tuple[weakref.ref, weakref.ref]]:
+    """Weak references to (each engine the benchmark makes, the owner of its KV tensors)."""
+    made = []
+    make = ours.new_engine
+
+    def spy(*args, **kwargs):
+        engine, params_type = make(*args, **kwargs)
+        made.append((weakref.ref(engine), weakref.ref(engine.runner.cache)))
+        return engine, params_type
+    monkeypatch.setattr(ours, "new_engine", spy)
+    return made
+
+
+def assert_released(made: list[tuple[weakref.ref, weakref.ref]]) -> None:
+    assert made, "no engine was made"
+    alive = [what for refs in made for what, ref in zip(("engine", "KV cache"), refs) if ref()]
+    assert not alive, (f"after the session, the {' and the '.join(alive)} of an engine are "
+                       "still alive: something still refers to them")
+
+
+def test_an_engine_session_frees_its_engine_though_the_caller_keeps_serve(tiny, monkeypatch):
+    made = watch_engines(monkeypatch)
+    with ours.engine_session(tiny, 16) as serve:
+        _, tokens = serve([([3, 4, 5], 3)])
+    assert tokens == 3
+    assert_released(made)          # `serve` is still a name here, as in bench.__main__
+    with pytest.raises(RuntimeError, match="session has ended"):
+        serve([([3, 4, 5], 3)])
