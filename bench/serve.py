@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bench.workloads import Request
     from course import parts
+    from solutions.engine.llm_engine import LLMEngine
     LlamaModel = parts.load("08", "model").LlamaModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,14 +58,18 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
 
 def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clients: int,
            describe: Callable[[str], None]) -> list[dict]:
-    """The server over a warmed-up engine, on a free port in a thread, until the clients are
-    done; their records."""
+    from bench.ours import warmed_engine
+    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
+    return serve_engine(engine, requests, clients)
+
+
+def serve_engine(engine: LLMEngine, requests: list[Request], clients: int) -> list[dict]:
+    """The server over engine (nothing else drives it), on a free port in a thread of this
+    process, until the clients are done; their records."""
     import uvicorn
 
-    from bench.ours import warmed_engine
     from solutions.engine.serve_cli import listen
     from solutions.engine.server import build_app, ids_only
-    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
     app = build_app(engine, ids_only(engine.max_model_len), MODEL_NAME,
                     max_waiting=len(requests), has_text=False)
     sock = listen("127.0.0.1", 0)
