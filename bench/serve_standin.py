@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
           f"offline (goal >= {100 * serve.GOAL_SHARE_OF_OFFLINE:.0f}%); TTFT p50 / p99 "
           f"{serve._ms(o['ttft_ms'])}; ITL p50 / p99 {serve._ms(o['itl_ms'])}; "
           f"{o['tokens'] / chunks:.2f} tokens per chunk")
-    print(f"server CPU per token: {server_cpu / o['tokens'] * 1e6:.1f} us "
+    print(f"server CPU per token: {server_cpu / o['tokens'] * 1e6:.1f} us, per chunk "
+          f"{server_cpu / chunks * 1e6:.1f} us "
           f"({server_cpu:.2f} s of this process's CPU beyond the stand-in's "
           f"{served.host_cpu_s:.2f} s)")
     return 0

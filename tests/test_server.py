@@ -465,8 +465,10 @@ def test_fuzzed_bodies_get_an_answer_or_a_400_and_leave_the_server_sound(server,
     (["--model", "/nonexistent/model"], "does not exist"),
     (["--port", "70000"], "--port"),
     (["--max-waiting", "-1"], "--max-waiting"),
+    (["--stream-interval", "-1"], "--stream-interval"),
+    (["--stream-interval", "nan"], "--stream-interval"),
     (["--host", "256.0.0.1"], "cannot listen"),
-], ids=["no-model", "bad-port", "bad-waiting", "bad-host"])
+], ids=["no-model", "bad-port", "bad-waiting", "bad-interval", "nan-interval", "bad-host"])
 def test_bad_serve_options_are_one_line(capsys, argv, needle):
     from solutions.engine import __main__ as cli
     try:
@@ -499,6 +501,29 @@ def test_a_client_that_leaves_before_a_whole_answer_aborts_it(server):
     conn.close()
     until(lambda: (h := server.health())["aborted"] > before and h["running"] == 0,
           "the request to be aborted")
+
+
+# ----------------------------------------------------------------------------- streamed chunks
+
+@pytest.mark.parametrize("chat", [False, True], ids=["text", "chat"])
+@pytest.mark.parametrize("options", [{}, {"return_token_ids": True},
+                                     {"stream_options": {"include_usage": True}}],
+                         ids=["plain", "token-ids", "usage"])
+def test_a_chunk_event_is_the_json_of_its_response(chat, options):
+    """ChunkEvents' templates against the dicts of response() and choice(), through json."""
+    from solutions.engine import openai_protocol as api
+    body = {"model": 'a "model", "choices": []', "stream": True, **options}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": [5]})
+    req = api.parse_request(body, chat)
+    events = api.ChunkEvents(req)
+    for text in ("", "w5 w6", 'quote " back \\ newline \n tab \t \x01 \u2028 é 😀'):
+        for reason in (None, "eos", "stop_string", "max_tokens", "context"):
+            for first in (False, True):
+                got = events.event(3, text, [5, 60], reason, first)
+                want = api.response(req, [api.choice(req, 3, text, [5, 60], reason, delta=True,
+                                                     first=first)], None, chunk=True)
+                assert got.startswith("data: ") and got.endswith("\n\n"), got
+                assert json.loads(got[6:]) == want, (got, want)
 
 
 # ----------------------------------------------------------------------------- the engine thread
@@ -563,3 +588,26 @@ def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
             serving.stop()
 
     assert asyncio.run(scenario()) == 0, "every request was let go of"
+
+
+def test_the_stream_interval_gathers_the_steps_between_deliveries():
+    """The first step's outputs go at once; with an interval longer than the run, the others
+    wait and go together when the engine goes idle: two deliveries, no token lost."""
+    from solutions.engine.async_engine import AsyncEngine
+    from solutions.engine.openai_protocol import SamplingParams
+    fake, sizes = FlakyEngine(), []
+
+    async def scenario():
+        serving = AsyncEngine(fake, capacity=2, stream_interval_s=3600)
+        deliver = serving._deliver
+        serving._deliver = lambda outputs: (sizes.append(len(outputs)), deliver(outputs))
+        serving.start()
+        try:
+            stream = await serving.add([([5], SamplingParams(max_tokens=6))])
+            return [t async for batch in stream for _, out in batch for t in out.new_token_ids]
+        finally:
+            serving.stop()
+
+    assert asyncio.run(scenario()) == [7] * 6
+    assert sizes == [1, 5], f"deliveries of {sizes} outputs; expected the first step's alone, " \
+                            "then the other five together"
