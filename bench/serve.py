@@ -63,15 +63,16 @@ def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clien
     return serve_engine(engine, requests, clients)
 
 
-def serve_engine(engine: LLMEngine, requests: list[Request], clients: int) -> list[dict]:
+def serve_engine(engine: LLMEngine, requests: list[Request], clients: int,
+                 **options) -> list[dict]:
     """The server over engine (nothing else drives it), on a free port in a thread of this
-    process, until the clients are done; their records."""
+    process, until the clients are done; their records. options: build_app's."""
     import uvicorn
 
     from solutions.engine.serve_cli import listen
     from solutions.engine.server import build_app, ids_only
     app = build_app(engine, ids_only(engine.max_model_len), MODEL_NAME,
-                    max_waiting=len(requests), has_text=False)
+                    max_waiting=len(requests), has_text=False, **options)
     sock = listen("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -2,21 +2,25 @@
 that makes tokens at a GPU's pace and costs no compute.
 
     python3 -m bench.serve_standin [--step-ms 6] [--host-ms 2] [--releases 16] [--scale 4]
+                                   [--stream-interval MS] [--requests 256] [--clients 4]
 
 The stand-in (StandInEngine) gives each running request one token per step, a step every
 --step-ms (the GPU's time, spent asleep: the GIL is free meanwhile, as while the real engine
 waits for the GPU), and holds the GIL for --host-ms of Python per step (the real engine's
 scheduling, launch and collection: ~2 ms at 256 sequences on an H200, bench.profile's host
 times), letting it go --releases times a step, as each torch call does: while the event loop
-holds it, every such call waits for the loop's switch interval to get it back. Its next step is queued before it waits for the last, as the real engine's is, so the
-steps come every --step-ms as long as the host keeps up, and later when it does not.
+holds it, every such call waits up to the switch interval to take it back. Its next step is
+queued before it waits for the last, as the real engine's is, so the steps come every
+--step-ms as long as the host keeps up, and later when it does not.
 
 It runs offline's requests (output lengths divided by --scale, to keep the run short) first
 alone (the stand-in's offline tok/s), then behind the HTTP server to streaming clients
 exactly as `python3 -m bench --only serve` does (bench.serve). It prints the share of offline,
-TTFT and ITL, tokens per chunk, and the server's CPU time per token: this process's CPU time
-(the event loop, the HTTP protocol, the engine thread's bookkeeping) less the stand-in's own.
-The clients run in other processes and are not counted.
+TTFT and ITL, tokens per chunk, and the server's CPU time per token and per chunk: this
+process's CPU time (the event loop, the HTTP protocol, the engine thread's bookkeeping) less
+the stand-in's own. The clients run in other processes and are not counted. Where the cores
+are busy with other work, or too few for the clients, the share varies from run to run; the
+CPU per token varies less.
 """
 from __future__ import annotations
 
@@ -111,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="times per step the engine lets the GIL go (torch calls do)")
     p.add_argument("--requests", type=int, default=W.OFFLINE_REQUESTS)
     p.add_argument("--scale", type=int, default=4, help="divide output lengths by this")
+    p.add_argument("--stream-interval", type=float, default=None, metavar="MS",
+                   help="the server's least time between a stream's chunks (default: serve's)")
     p.add_argument("--clients", type=int, default=serve.CLIENT_PROCESSES,
                    help="client processes")
     args = p.parse_args(argv)
-    if min(args.step_ms, args.host_ms) < 0 or args.requests < 1 or args.scale < 1 \
-            or args.clients < 1:
-        p.error("--step-ms and --host-ms must be >= 0; --requests, --scale, --clients >= 1")
+    times = (args.step_ms, args.host_ms, args.stream_interval or 0)
+    if not all(t >= 0 for t in times) or min(args.requests, args.scale, args.clients) < 1:
+        p.error("--step-ms, --host-ms and --stream-interval must be >= 0; --requests, "
+                "--scale and --clients >= 1")
     why = serve.not_runnable()
     if why is not None:
         print(f"serve_standin: {why}")
@@ -129,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     offline = offline_rate(engine(), requests)
     served = engine()
     cpu = time.process_time()
-    records = serve.serve_engine(served, requests, args.clients)
+    options = {} if args.stream_interval is None else {
+        "stream_interval_s": args.stream_interval / 1e3}
+    records = serve.serve_engine(served, requests, args.clients, **options)
     server_cpu = time.process_time() - cpu - served.host_cpu_s
     section = serve.section(requests, {"records": records, "clients": args.clients},
                             offline, "not run: a stand-in engine")
