@@ -13,13 +13,17 @@ from course import parts
 from course.testing import fixtures
 
 
+GiB, MiB = 1 << 30, 1 << 20
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    fixtures.save_tiny_llama(d, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(d)
-    weights = parts.load("01", "checkpoint").load_checked(d, config)
-    return parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
+def saved(tmp_path_factory):
+    return fixtures.load_tiny(tmp_path_factory.mktemp("tiny"), "gqa_tied")
+
+
+@pytest.fixture(scope="module")
+def tiny(saved):
+    return parts.load("08", "model").LlamaModel(saved.config, saved.weights, "cpu", torch.float32)
 
 
 def watch_engines(monkeypatch) -> list[tuple[weakref.ref, weakref.ref]]:
@@ -50,3 +54,21 @@ def test_an_engine_session_frees_its_engine_though_the_caller_keeps_serve(tiny, 
     assert_released(made)          # `serve` is still a name here, as in bench.__main__
     with pytest.raises(RuntimeError, match="session has ended"):
         serve([([3, 4, 5], 3)])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_session_gives_its_kv_pool_and_graphs_back(saved):
+    """The engine sizes its KV pool from the free memory (most of the GPU) and captures its
+    decode graphs; once the session is over, the memory allocated is what it was before."""
+    model = parts.load("08", "model").LlamaModel(saved.config, saved.weights, "cuda",
+                                                 torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with ours.engine_session(model, 64) as serve:
+        serve([([3, 4, 5], 3)])
+        during = torch.cuda.memory_allocated()
+    after = torch.cuda.memory_allocated()
+    assert during - before > GiB, f"the engine took only {(during - before) / MiB:.0f} MiB"
+    assert after - before < 64 * MiB, (
+        f"{(after - before) / GiB:.2f} GiB still allocated after the session (of "
+        f"{(during - before) / GiB:.2f} GiB during it): the engine was not freed")
