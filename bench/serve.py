@@ -63,10 +63,11 @@ def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clien
     return serve_engine(engine, requests, clients)
 
 
-def serve_engine(engine: LLMEngine, requests: list[Request], clients: int,
+def serve_engine(engine: LLMEngine, requests: list[Request], clients: int, client_nice: int = 0,
                  **options) -> list[dict]:
     """The server over engine (nothing else drives it), on a free port in a thread of this
-    process, until the clients are done; their records. options: build_app's."""
+    process, until the clients are done; their records. options: build_app's; client_nice:
+    run_clients'."""
     import uvicorn
 
     from solutions.engine.serve_cli import listen
@@ -83,22 +84,24 @@ def serve_engine(engine: LLMEngine, requests: list[Request], clients: int,
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
-        return run_clients(sock.getsockname()[1], requests, clients)
+        return run_clients(sock.getsockname()[1], requests, clients, client_nice)
     finally:
         server.should_exit = True
         thread.join()
         sock.close()
 
 
-def run_clients(port: int, requests: list[Request], clients: int) -> list[dict]:
-    """Start the client processes, let them go together, gather their records in order."""
+def run_clients(port: int, requests: list[Request], clients: int, nice: int = 0) -> list[dict]:
+    """Start the client processes, let them go together, gather their records in order.
+    nice: their scheduling priority's increment (os.nice), so that on a machine of few cores
+    they do not take the server's CPU, as clients on other machines would not."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}   # keep carried packages
     procs, shares = [], [list(range(i, len(requests), clients)) for i in range(clients)]
     for share in shares:
         p = subprocess.Popen([sys.executable, "-m", "bench.serve", "--clients", str(port)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                             cwd=ROOT)
+                             cwd=ROOT, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         p.stdin.write(json.dumps([requests[i] for i in share]) + "\n")
         p.stdin.flush()
         procs.append(p)

@@ -1,30 +1,33 @@
 """The server's own cost per token, on any machine: the serve workload over a stand-in engine
 that makes tokens at a GPU's pace and costs no compute.
 
-    python3 -m bench.serve_standin [--step-ms 6] [--host-ms 2] [--releases 16] [--scale 4]
+    python3 -m bench.serve_standin [--step-ms 6] [--host-ms 3] [--releases 50] [--scale 2]
                                    [--stream-interval MS] [--requests 256] [--clients 4]
 
 The stand-in (StandInEngine) gives each running request one token per step, a step every
 --step-ms (the GPU's time, spent asleep: the GIL is free meanwhile, as while the real engine
 waits for the GPU), and holds the GIL for --host-ms of Python per step (the real engine's
-scheduling, launch and collection: ~2 ms at 256 sequences on an H200, bench.profile's host
-times), letting it go --releases times a step, as each torch call does: while the event loop
-holds it, every such call waits up to the switch interval to take it back. Its next step is
-queued before it waits for the last, as the real engine's is, so the steps come every
---step-ms as long as the host keeps up, and later when it does not.
+scheduling, launch and collection: ~2 ms at 256 sequences and 512 positions on an H200,
+bench.profile's host times, more at longer contexts), letting it go --releases times a step,
+as each torch call does: while the event loop holds it, every such call waits up to the switch
+interval to take it back. Its next step is queued before it waits for the last, as the real
+engine's is, so the steps come every --step-ms as long as the host keeps up, and later when it
+does not. The defaults err on the harsh side of bench.profile's figures: the real engine's
+host time grows with the context, and most of its torch calls let the GIL go.
 
 It runs offline's requests (output lengths divided by --scale, to keep the run short) first
 alone (the stand-in's offline tok/s), then behind the HTTP server to streaming clients
 exactly as `python3 -m bench --only serve` does (bench.serve). It prints the share of offline,
 TTFT and ITL, tokens per chunk, and the server's CPU time per token and per chunk: this
 process's CPU time (the event loop, the HTTP protocol, the engine thread's bookkeeping) less
-the stand-in's own. The clients run in other processes and are not counted. Where the cores
-are busy with other work, or too few for the clients, the share varies from run to run; the
-CPU per token varies less.
+the stand-in's own. The clients run in other processes, at the lowest priority, and are not
+counted. Where the cores are busy with other work the share varies from run to run; the CPU
+per token varies less.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from types import SimpleNamespace
@@ -33,6 +36,7 @@ from bench import serve
 from bench import workloads as W
 
 VOCAB = 32000
+CLIENT_NICE = 19    # the clients stand for other machines: they get what the server leaves
 
 
 class StandInEngine:
@@ -109,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench.serve_standin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--step-ms", type=float, default=6.0, help="the GPU's time per step")
-    p.add_argument("--host-ms", type=float, default=2.0,
+    p.add_argument("--host-ms", type=float, default=3.0,
                    help="the engine's Python per step, holding the GIL")
-    p.add_argument("--releases", type=int, default=16,
+    p.add_argument("--releases", type=int, default=50,
                    help="times per step the engine lets the GIL go (torch calls do)")
     p.add_argument("--requests", type=int, default=W.OFFLINE_REQUESTS)
-    p.add_argument("--scale", type=int, default=4, help="divide output lengths by this")
+    p.add_argument("--scale", type=int, default=2, help="divide output lengths by this")
     p.add_argument("--stream-interval", type=float, default=None, metavar="MS",
                    help="the server's least time between a stream's chunks (default: serve's)")
     p.add_argument("--clients", type=int, default=serve.CLIENT_PROCESSES,
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu = time.process_time()
     options = {} if args.stream_interval is None else {
         "stream_interval_s": args.stream_interval / 1e3}
-    records = serve.serve_engine(served, requests, args.clients, **options)
+    records = serve.serve_engine(served, requests, args.clients, client_nice=CLIENT_NICE,
+                                 **options)
     server_cpu = time.process_time() - cpu - served.host_cpu_s
     section = serve.section(requests, {"records": records, "clients": args.clients},
                             offline, "not run: a stand-in engine")
@@ -151,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
           f"offline (goal >= {100 * serve.GOAL_SHARE_OF_OFFLINE:.0f}%); TTFT p50 / p99 "
           f"{serve._ms(o['ttft_ms'])}; ITL p50 / p99 {serve._ms(o['itl_ms'])}; "
           f"{o['tokens'] / chunks:.2f} tokens per chunk")
+    clients_cpu = sum(os.times()[2:4])     # the client processes', once they have ended
     print(f"server CPU per token: {server_cpu / o['tokens'] * 1e6:.1f} us, per chunk "
-          f"{server_cpu / chunks * 1e6:.1f} us "
-          f"({server_cpu:.2f} s of this process's CPU beyond the stand-in's "
-          f"{served.host_cpu_s:.2f} s)")
+          f"{server_cpu / chunks * 1e6:.1f} us ({server_cpu:.2f} s of this process's CPU "
+          f"beyond the stand-in's {served.host_cpu_s:.2f} s; the clients took "
+          f"{clients_cpu:.2f} s over {o['seconds']:.2f} s on {os.cpu_count()} cores)")
     return 0
 
 
