@@ -528,47 +528,25 @@ def test_a_chunk_event_is_the_json_of_its_response(chat, options):
 
 # ----------------------------------------------------------------------------- the engine thread
 
-class FlakyEngine:
-    """A stand-in LLMEngine: each step gives every request one token (id 7); a step raises
-    while `fail` is set."""
+def flaky_engine():
+    """bench.serve_standin's stand-in engine (each step gives every request one token, its
+    request id, every 2 ms), whose steps raise while `fail` is set."""
+    from bench.serve_standin import StandInEngine
 
-    def __init__(self):
-        from types import SimpleNamespace
-        self.requests: dict[int, list[int]] = {}
-        self.fail, self.next_id = False, 0
-        self.scheduler = SimpleNamespace(running=[], waiting=[], allocator=SimpleNamespace(
-            num_used_blocks=0, num_total_blocks=1))
+    class FlakyEngine(StandInEngine):
+        fail = False
 
-    def add_request(self, prompt_ids, params) -> int:
-        self.next_id += 1
-        self.requests[self.next_id] = [params.max_tokens, 0]
-        return self.next_id
-
-    def abort(self, request_id: int) -> None:
-        self.requests.pop(request_id, None)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
-
-    def step(self):
-        from solutions.engine.llm_engine import RequestOutput
-        time.sleep(0.002)
-        if self.fail:
-            raise RuntimeError("device lost")
-        out = []
-        for rid, r in list(self.requests.items()):
-            r[1] += 1
-            out.append(RequestOutput(rid, "", [7], r[1] == r[0], "max_tokens" if r[1] == r[0]
-                                     else None))
-            if r[1] == r[0]:
-                del self.requests[rid]
-        return out
+        def step(self):
+            if self.fail:
+                raise RuntimeError("device lost")
+            return super().step()
+    return FlakyEngine(step_s=0.002, host_s=0.0, releases=1)
 
 
 def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
     from solutions.engine.async_engine import AsyncEngine
     from solutions.engine.openai_protocol import SamplingParams
-    fake = FlakyEngine()
+    fake = flaky_engine()
 
     async def scenario():
         serving = AsyncEngine(fake, capacity=4)
@@ -582,7 +560,7 @@ def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
             fake.fail = False
             stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 4)
             got = [out.new_token_ids[0] async for batch in stream for _, out in batch]
-            assert got == [7] * 12, got
+            assert sorted(got) == sorted(stream.request_ids * 3), got
             return serving._held
         finally:
             serving.stop()
@@ -595,7 +573,7 @@ def test_the_stream_interval_gathers_the_steps_between_deliveries():
     wait and go together when the engine goes idle: two deliveries, no token lost."""
     from solutions.engine.async_engine import AsyncEngine
     from solutions.engine.openai_protocol import SamplingParams
-    fake, sizes = FlakyEngine(), []
+    fake, sizes = flaky_engine(), []
 
     async def scenario():
         serving = AsyncEngine(fake, capacity=2, stream_interval_s=3600)
@@ -604,10 +582,12 @@ def test_the_stream_interval_gathers_the_steps_between_deliveries():
         serving.start()
         try:
             stream = await serving.add([([5], SamplingParams(max_tokens=6))])
-            return [t async for batch in stream for _, out in batch for t in out.new_token_ids]
+            got = [t async for batch in stream for _, out in batch for t in out.new_token_ids]
+            return got, stream.request_ids
         finally:
             serving.stop()
 
-    assert asyncio.run(scenario()) == [7] * 6
+    got, (request_id,) = asyncio.run(scenario())
+    assert got == [request_id] * 6, got
     assert sizes == [1, 5], f"deliveries of {sizes} outputs; expected the first step's alone, " \
                             "then the other five together"
