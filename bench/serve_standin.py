@@ -112,16 +112,18 @@ def offline_rate(engine: StandInEngine, requests: list[W.Request]) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m bench.serve_standin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--step-ms", type=float, default=6.0, help="the GPU's time per step")
-    p.add_argument("--host-ms", type=float, default=3.0,
+    p.add_argument("--step-ms", type=float, default=6.0, metavar="MS",
+                   help="the GPU's time per step")
+    p.add_argument("--host-ms", type=float, default=3.0, metavar="MS",
                    help="the engine's Python per step, holding the GIL")
-    p.add_argument("--releases", type=int, default=50,
+    p.add_argument("--releases", type=int, default=50, metavar="N",
                    help="times per step the engine lets the GIL go (torch calls do)")
-    p.add_argument("--requests", type=int, default=W.OFFLINE_REQUESTS)
-    p.add_argument("--scale", type=int, default=2, help="divide output lengths by this")
+    p.add_argument("--requests", type=int, default=W.OFFLINE_REQUESTS, metavar="N")
+    p.add_argument("--scale", type=int, default=2, metavar="K",
+                   help="divide output lengths by this")
     p.add_argument("--stream-interval", type=float, default=None, metavar="MS",
                    help="the server's least time between a stream's chunks (default: serve's)")
-    p.add_argument("--clients", type=int, default=serve.CLIENT_PROCESSES,
+    p.add_argument("--clients", type=int, default=serve.CLIENT_PROCESSES, metavar="N",
                    help="client processes")
     args = p.parse_args(argv)
     times = (args.step_ms, args.host_ms, args.stream_interval or 0)
@@ -150,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     o = section["ours"]
     chunks = sum(len(r["counts"]) for r in records)
     print(f"stand-in engine: a step every {args.step_ms:g} ms, {args.host_ms:g} ms of Python "
-          f"per step letting the GIL go {args.releases} times; {len(requests)} requests, {o['tokens']} tokens")
+          f"per step letting the GIL go {args.releases} times; {len(requests)} requests, "
+          f"{o['tokens']} tokens")
     print(f"offline (the stand-in alone): {offline:,.0f} tok/s")
     print(f"served: {o['tok_s']:,.0f} tok/s = {100 * section['share_of_offline']:.0f}% of "
           f"offline (goal >= {100 * serve.GOAL_SHARE_OF_OFFLINE:.0f}%); TTFT p50 / p99 "

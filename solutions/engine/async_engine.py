@@ -9,17 +9,17 @@
     engine.stop()                                    # ends every request, joins the thread
 
 LLMEngine is synchronous and not thread-safe, so only its own thread calls it: the event loop
-hands it commands (add, abort) through a queue, and the thread hands the steps' outputs back
-in one `call_soon_threadsafe` per delivery. Neither side ever waits for the other: a step never waits on a
-slow client (each request's outputs queue up on the event loop's side, at most max_tokens of
-them), and a connection never waits on a step, only on its own request's outputs.
+hands it commands (add, abort) through a queue, and the thread hands the steps' outputs back in
+one `call_soon_threadsafe` per delivery. Neither side ever waits for the other: a step never
+waits on a slow client (each request's outputs queue up on the event loop's side, at most
+max_tokens of them), and a connection never waits on a step, only on its own request's outputs.
 
 Deliveries: at most one per `stream_interval_s` (the outputs of the steps between are handed
 over together, so a streamed chunk then carries several tokens), and at once when the engine
 goes idle. The event loop and the engine thread share the interpreter's lock: every chunk the
 server writes (a JSON body, an HTTP write) is Python that the engine thread, which must queue a
-GPU step every few milliseconds, waits for. A chunk per request per step at 256 requests cost
-more than the steps' own host work, and the GPU idled; a chunk per interval bounds that cost.
+GPU step every few milliseconds, waits for. At 256 requests a chunk per request per step costs
+more host time than the step's own work, and the GPU would idle; a chunk per interval bounds it.
 
 Admission control: `add` raises Overloaded when `capacity` requests are already in the engine
 (the ones running plus max_waiting queued), so a flood of clients gets a quick "try again"

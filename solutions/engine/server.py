@@ -186,7 +186,8 @@ def _sse(obj: dict | str) -> str:
 async def _events(serving: AsyncEngine, req: api.GenerationRequest, stream: RequestStream,
                   prompt_tokens: int) -> AsyncIterator[str]:
     """The streamed response: a chunk per choice per delivery (one write for them all),
-    usage if asked, [DONE]. The finally runs when the client disconnects too (Starlette cancels the stream)."""
+    usage if asked, [DONE]. The finally runs when the client disconnects too (Starlette
+    cancels the stream)."""
     chunks, started, generated = api.ChunkEvents(req), set(), 0
     try:
         async for batch in stream:
