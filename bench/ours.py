@@ -10,7 +10,6 @@ transformers) finds the GPU as it was.
 """
 from __future__ import annotations
 
-import functools
 import gc
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +42,10 @@ def new_engine(model: LlamaModel, max_model_len: int, prefix_caching: bool = Tru
 
 
 def release() -> None:
-    """Give a dropped engine's KV pool and graphs back before the next one sizes its own."""
+    """Give a dropped engine's KV pool and graphs back before the next one sizes its own.
+    The collection is needed, not a precaution: an engine is a reference cycle (its model
+    runner's decode graphs call back into the runner), so dropping the last reference to it
+    frees nothing until the cycle collector runs."""
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -84,10 +86,16 @@ def engine_session(model: LlamaModel, max_model_len: int, prefix_caching: bool =
 
     prefix_caching is off unless asked for: the timing workloads repeat prompts (a first-token
     run, then the full run), and a cache hit would make the second run skip its prefill."""
-    engine, params_type = warmed_engine(model, max_model_len, prefix_caching, describe)
-    serve = functools.partial(run_ours, engine, params_type)
+    held = {"engine": warmed_engine(model, max_model_len, prefix_caching, describe)}
+
+    # The caller's name for serve outlives its with-block: serve must not keep the engine
+    # alive after the session, or release() would find its KV pool still in use.
+    def serve(requests: list[Request]) -> tuple[float, int]:
+        if not held:
+            raise RuntimeError("this engine session has ended: open a new engine_session")
+        return run_ours(*held["engine"], requests)
     try:
         yield serve
     finally:
-        del serve, engine
+        held.clear()
         release()

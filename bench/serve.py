@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from bench.workloads import Request
     from course import parts
+    from solutions.engine.llm_engine import LLMEngine
     LlamaModel = parts.load("08", "model").LlamaModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,14 +46,34 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
             clients: int = CLIENT_PROCESSES, describe: Callable[[str], None] = print) -> dict:
     """Serve the requests to streaming HTTP clients; the raw per-request records
     ({"sent", "times", "counts"}, in request order) and the client processes' count."""
+    from bench.ours import release
+    try:
+        records = _serve(model, requests, max_model_len, clients, describe)
+    finally:
+        # only now: until _serve returned, its server (uvicorn's config holds the app, the
+        # app the engine) kept the engine and its KV pool alive
+        release()
+    return {"records": records, "clients": clients}
+
+
+def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clients: int,
+           describe: Callable[[str], None]) -> list[dict]:
+    from bench.ours import warmed_engine
+    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
+    return serve_engine(engine, requests, clients)
+
+
+def serve_engine(engine: LLMEngine, requests: list[Request], clients: int, client_nice: int = 0,
+                 **options) -> list[dict]:
+    """The server over engine (nothing else drives it), on a free port in a thread of this
+    process, until the clients are done; their records. options: build_app's; client_nice:
+    run_clients'."""
     import uvicorn
 
-    from bench.ours import release, warmed_engine
     from solutions.engine.serve_cli import listen
     from solutions.engine.server import build_app, ids_only
-    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
     app = build_app(engine, ids_only(engine.max_model_len), MODEL_NAME,
-                    max_waiting=len(requests), has_text=False)
+                    max_waiting=len(requests), has_text=False, **options)
     sock = listen("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -63,25 +84,24 @@ def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start")
             time.sleep(0.01)
-        records = run_clients(sock.getsockname()[1], requests, clients)
+        return run_clients(sock.getsockname()[1], requests, clients, client_nice)
     finally:
         server.should_exit = True
         thread.join()
         sock.close()
-        del app, engine
-        release()
-    return {"records": records, "clients": clients}
 
 
-def run_clients(port: int, requests: list[Request], clients: int) -> list[dict]:
-    """Start the client processes, let them go together, gather their records in order."""
+def run_clients(port: int, requests: list[Request], clients: int, nice: int = 0) -> list[dict]:
+    """Start the client processes, let them go together, gather their records in order.
+    nice: their scheduling priority's increment (os.nice), so that on a machine of few cores
+    they do not take the server's CPU, as clients on other machines would not."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}   # keep carried packages
     procs, shares = [], [list(range(i, len(requests), clients)) for i in range(clients)]
     for share in shares:
         p = subprocess.Popen([sys.executable, "-m", "bench.serve", "--clients", str(port)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                             cwd=ROOT)
+                             cwd=ROOT, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         p.stdin.write(json.dumps([requests[i] for i in share]) + "\n")
         p.stdin.flush()
         procs.append(p)

@@ -465,8 +465,10 @@ def test_fuzzed_bodies_get_an_answer_or_a_400_and_leave_the_server_sound(server,
     (["--model", "/nonexistent/model"], "does not exist"),
     (["--port", "70000"], "--port"),
     (["--max-waiting", "-1"], "--max-waiting"),
+    (["--stream-interval", "-1"], "--stream-interval"),
+    (["--stream-interval", "nan"], "--stream-interval"),
     (["--host", "256.0.0.1"], "cannot listen"),
-], ids=["no-model", "bad-port", "bad-waiting", "bad-host"])
+], ids=["no-model", "bad-port", "bad-waiting", "bad-interval", "nan-interval", "bad-host"])
 def test_bad_serve_options_are_one_line(capsys, argv, needle):
     from solutions.engine import __main__ as cli
     try:
@@ -501,49 +503,50 @@ def test_a_client_that_leaves_before_a_whole_answer_aborts_it(server):
           "the request to be aborted")
 
 
+# ----------------------------------------------------------------------------- streamed chunks
+
+@pytest.mark.parametrize("chat", [False, True], ids=["text", "chat"])
+@pytest.mark.parametrize("options", [{}, {"return_token_ids": True},
+                                     {"stream_options": {"include_usage": True}}],
+                         ids=["plain", "token-ids", "usage"])
+def test_a_chunk_event_is_the_json_of_its_response(chat, options):
+    """ChunkEvents' templates against the dicts of response() and choice(), through json."""
+    from solutions.engine import openai_protocol as api
+    body = {"model": 'a "model", "choices": []', "stream": True, **options}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": [5]})
+    req = api.parse_request(body, chat)
+    events = api.ChunkEvents(req)
+    for text in ("", "w5 w6", 'quote " back \\ newline \n tab \t \x01 \u2028 é 😀'):
+        for reason in (None, "eos", "stop_string", "max_tokens", "context"):
+            for first in (False, True):
+                got = events.event(3, text, [5, 60], reason, first)
+                want = api.response(req, [api.choice(req, 3, text, [5, 60], reason, delta=True,
+                                                     first=first)], None, chunk=True)
+                assert got.startswith("data: ") and got.endswith("\n\n"), got
+                assert json.loads(got[6:]) == want, (got, want)
+
+
 # ----------------------------------------------------------------------------- the engine thread
 
-class FlakyEngine:
-    """A stand-in LLMEngine: each step gives every request one token (id 7); a step raises
-    while `fail` is set."""
+def flaky_engine():
+    """bench.serve_standin's stand-in engine (each step gives every request one token, its
+    request id, every 2 ms), whose steps raise while `fail` is set."""
+    from bench.serve_standin import StandInEngine
 
-    def __init__(self):
-        from types import SimpleNamespace
-        self.requests: dict[int, list[int]] = {}
-        self.fail, self.next_id = False, 0
-        self.scheduler = SimpleNamespace(running=[], waiting=[], allocator=SimpleNamespace(
-            num_used_blocks=0, num_total_blocks=1))
+    class FlakyEngine(StandInEngine):
+        fail = False
 
-    def add_request(self, prompt_ids, params) -> int:
-        self.next_id += 1
-        self.requests[self.next_id] = [params.max_tokens, 0]
-        return self.next_id
-
-    def abort(self, request_id: int) -> None:
-        self.requests.pop(request_id, None)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
-
-    def step(self):
-        from solutions.engine.llm_engine import RequestOutput
-        time.sleep(0.002)
-        if self.fail:
-            raise RuntimeError("device lost")
-        out = []
-        for rid, r in list(self.requests.items()):
-            r[1] += 1
-            out.append(RequestOutput(rid, "", [7], r[1] == r[0], "max_tokens" if r[1] == r[0]
-                                     else None))
-            if r[1] == r[0]:
-                del self.requests[rid]
-        return out
+        def step(self):
+            if self.fail:
+                raise RuntimeError("device lost")
+            return super().step()
+    return FlakyEngine(step_s=0.002, host_s=0.0, releases=1)
 
 
 def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
     from solutions.engine.async_engine import AsyncEngine
     from solutions.engine.openai_protocol import SamplingParams
-    fake = FlakyEngine()
+    fake = flaky_engine()
 
     async def scenario():
         serving = AsyncEngine(fake, capacity=4)
@@ -557,9 +560,34 @@ def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
             fake.fail = False
             stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 4)
             got = [out.new_token_ids[0] async for batch in stream for _, out in batch]
-            assert got == [7] * 12, got
+            assert sorted(got) == sorted(stream.request_ids * 3), got
             return serving._held
         finally:
             serving.stop()
 
     assert asyncio.run(scenario()) == 0, "every request was let go of"
+
+
+def test_the_stream_interval_gathers_the_steps_between_deliveries():
+    """The first step's outputs go at once; with an interval longer than the run, the others
+    wait and go together when the engine goes idle: two deliveries, no token lost."""
+    from solutions.engine.async_engine import AsyncEngine
+    from solutions.engine.openai_protocol import SamplingParams
+    fake, sizes = flaky_engine(), []
+
+    async def scenario():
+        serving = AsyncEngine(fake, capacity=2, stream_interval_s=3600)
+        deliver = serving._deliver
+        serving._deliver = lambda outputs: (sizes.append(len(outputs)), deliver(outputs))
+        serving.start()
+        try:
+            stream = await serving.add([([5], SamplingParams(max_tokens=6))])
+            got = [t async for batch in stream for _, out in batch for t in out.new_token_ids]
+            return got, stream.request_ids
+        finally:
+            serving.stop()
+
+    got, (request_id,) = asyncio.run(scenario())
+    assert got == [request_id] * 6, got
+    assert sizes == [1, 5], f"deliveries of {sizes} outputs; expected the first step's alone, " \
+                            "then the other five together"

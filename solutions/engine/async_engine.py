@@ -9,10 +9,17 @@
     engine.stop()                                    # ends every request, joins the thread
 
 LLMEngine is synchronous and not thread-safe, so only its own thread calls it: the event loop
-hands it commands (add, abort) through a queue, and the thread hands each step's outputs back
-in one `call_soon_threadsafe`. Neither side ever waits for the other: a step never waits on a
-slow client (each request's outputs queue up on the event loop's side, at most max_tokens of
-them), and a connection never waits on a step, only on its own request's outputs.
+hands it commands (add, abort) through a queue, and the thread hands the steps' outputs back in
+one `call_soon_threadsafe` per delivery. Neither side ever waits for the other: a step never
+waits on a slow client (each request's outputs queue up on the event loop's side, at most
+max_tokens of them), and a connection never waits on a step, only on its own request's outputs.
+
+Deliveries: at most one per `stream_interval_s` (the outputs of the steps between are handed
+over together, so a streamed chunk then carries several tokens), and at once when the engine
+goes idle. The event loop and the engine thread share the interpreter's lock: every chunk the
+server writes (a JSON body, an HTTP write) is Python that the engine thread, which must queue a
+GPU step every few milliseconds, waits for. At 256 requests a chunk per request per step costs
+more host time than the step's own work, and the GPU would idle; a chunk per interval bounds it.
 
 Admission control: `add` raises Overloaded when `capacity` requests are already in the engine
 (the ones running plus max_waiting queued), so a flood of clients gets a quick "try again"
@@ -21,9 +28,11 @@ instead of an unbounded queue.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,7 +42,8 @@ if TYPE_CHECKING:
     from solutions.engine.llm_engine import LLMEngine, RequestOutput, SamplingParams
 
 IDLE_WAIT_S = 0.5   # an idle thread wakes this often to notice stop() even without a command
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.0001
+STREAM_INTERVAL_S = 0.02
 
 
 class Overloaded(Exception):
@@ -89,10 +99,13 @@ class RequestStream:
 
 class AsyncEngine:
     """engine: an LLMEngine that nothing else drives. capacity: the most requests it holds
-    at once (running and waiting)."""
+    at once (running and waiting). stream_interval_s: the least time between deliveries of
+    outputs (0: one per step)."""
 
-    def __init__(self, engine: LLMEngine, capacity: int):
+    def __init__(self, engine: LLMEngine, capacity: int,
+                 stream_interval_s: float = STREAM_INTERVAL_S):
         self.engine, self.capacity = engine, capacity
+        self.stream_interval_s = stream_interval_s
         self.stats = EngineStats()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -107,10 +120,10 @@ class AsyncEngine:
     def start(self) -> None:
         """Start the engine thread; call from the event loop that will await the streams.
 
-        It also shortens the interpreter's switch interval (for the whole process): the
-        engine thread, back from waiting on the GPU, waits for the GIL while the event loop
-        runs Python, and with the default 5 ms the GPU would idle that long each step.
-        stop() puts the interval back."""
+        It also shortens the interpreter's switch interval (for the whole process): each
+        torch call of the engine thread lets the GIL go, and while the event loop runs Python
+        the thread waits up to that long to take it back, some ten times a step (the default
+        5 ms would idle the GPU). stop() puts the interval back."""
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._loop = asyncio.get_running_loop()
@@ -180,22 +193,33 @@ class AsyncEngine:
     # ------------------------------------------------------------ the engine's own thread
     def _run(self) -> None:
         engine = self.engine
+        pending: list[RequestOutput] = []    # outputs not delivered yet
+        delivered = -math.inf                # when the last delivery went (the first: at once)
         while self._running:
             try:
                 self._take_commands()
                 if not engine.has_unfinished():
+                    pending = self._hand_over(pending)
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
                     continue
-                outputs = engine.step()
+                pending += engine.step()
             except Exception as e:   # a bug or a device error: fail what runs, keep serving
                 traceback.print_exc(file=sys.stderr)
+                pending = self._hand_over(pending)   # what came before the failure
                 self._fail_all(e)
                 continue
-            if outputs:
-                self._loop.call_soon_threadsafe(self._deliver, outputs)
+            now = time.monotonic()
+            if pending and now - delivered >= self.stream_interval_s:
+                pending, delivered = self._hand_over(pending), now
         for request_id in list(engine.requests):
             engine.abort(request_id)
+
+    def _hand_over(self, outputs: list[RequestOutput]) -> list:
+        """Deliver outputs on the event loop, in one callback; a new empty list."""
+        if outputs:
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
+        return []
 
     def _take_commands(self) -> None:
         while True:

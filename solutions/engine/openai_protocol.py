@@ -4,7 +4,8 @@
     params = request.params(choice=0, max_tokens=1000)  # SamplingParams (1000: the default)
     part = choice(request, 0, text, token_ids, "eos", delta=False)
     response(request, [part], usage(prompt_tokens, completion_tokens))   # a whole answer
-    response(request, [part], None, chunk=True)  # one server-sent event's body
+    response(request, [part], None, chunk=True)  # one streamed chunk's body
+    ChunkEvents(request).event(0, text, token_ids, None, first=True)   # the same, as an event
 
 Supported: /v1/chat/completions (`messages`) and /v1/completions (`prompt`: a string, token
 ids, or a list of either), `max_tokens` (`max_completion_tokens` for chat), `temperature`,
@@ -15,6 +16,7 @@ set to its neutral value (false, 0, null) it is accepted.
 """
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Mapping
@@ -249,3 +251,28 @@ def response(request: GenerationRequest, choices: list[dict], usage_: dict | Non
     if not chunk or request.include_usage:
         out["usage"] = usage_
     return out
+
+
+class ChunkEvents:
+    """A streamed request's chunks as server-sent events ("data: {...}\n\n"), each the JSON of
+    `response(request, [choice(request, ..., delta=True)], None, chunk=True)`, formatted into
+    a template made once per request: a chunk per token per request is the server's busiest
+    path, and building and encoding the nested dicts each time cost most of its CPU, taken
+    from the engine's thread (they share the interpreter)."""
+
+    def __init__(self, request: GenerationRequest):
+        envelope = json.dumps(response(request, [], None, chunk=True), ensure_ascii=False)
+        head, _, tail = envelope.rpartition('"choices": []')
+        self._head, self._tail = f'data: {head}"choices": [{{"index": ', f"]{tail}\n\n"
+        self._chat, self._ids = request.chat, request.return_token_ids
+
+    def event(self, index: int, text: str, token_ids: list[int], finish_reason: str | None,
+              first: bool) -> str:
+        quoted = json.encoder.encode_basestring(text)   # escaped as json.dumps would
+        content = (f'"text": {quoted}' if not self._chat else
+                   f'"delta": {{"role": "assistant", "content": {quoted}}}' if first else
+                   f'"delta": {{"content": {quoted}}}')
+        reason = "null" if finish_reason is None else f'"{FINISH_REASONS[finish_reason]}"'
+        ids = f', "token_ids": [{", ".join(map(str, token_ids))}]' if self._ids else ""
+        return (f'{self._head}{index}, {content}, "logprobs": null, "finish_reason": {reason}'
+                f'{ids}}}{self._tail}')

@@ -19,7 +19,10 @@ import socket
 import sys
 from collections.abc import Callable
 
+from solutions.engine.async_engine import STREAM_INTERVAL_S
+
 SHUTDOWN_GRACE_S = 30
+MAX_STREAM_INTERVAL_MS = 10_000
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="requests the engine runs at once (default: 256)")
     p.add_argument("--max-waiting", type=int, default=256, metavar="N",
                    help="requests queued beyond those; more get 503 (default: 256)")
+    p.add_argument("--stream-interval", type=float, default=STREAM_INTERVAL_S * 1e3,
+                   metavar="MS", help="the least time between a stream's chunks; a chunk holds "
+                   "the tokens made meanwhile (default: %(default)g; 0: a chunk per step)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where to run (default: cuda if available, else cpu)")
     p.add_argument("--mine", action="store_true",
@@ -50,6 +56,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
         p.error(f"--port must be 0..65535, got {args.port}")
+    if not 0 <= args.stream_interval <= MAX_STREAM_INTERVAL_MS:   # NaN too
+        p.error(f"--stream-interval must be 0..{MAX_STREAM_INTERVAL_MS} ms, got "
+                f"{args.stream_interval}")
     if args.max_waiting < 0:
         p.error(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if args.api_key is not None and not args.api_key.strip():
@@ -83,7 +92,8 @@ def main(argv: list[str]) -> int:
         name = llm.model_dir.resolve().name
         prepare = llm.prepare if llm.tokenizer is not None else ids_only(llm.max_positions)
         app = build_app(llm.engine, prepare, name, api_key=args.api_key,
-                        max_waiting=args.max_waiting, has_text=llm.tokenizer is not None)
+                        max_waiting=args.max_waiting, has_text=llm.tokenizer is not None,
+                        stream_interval_s=args.stream_interval / 1e3)
         host = f"[{args.host}]" if ":" in args.host else args.host
         return run(app, sock, args.log_level,
                    lambda port: f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops)")

@@ -11,7 +11,9 @@ waiting requests and KV-cache use). openai_protocol.py says which fields are sup
 
 One engine thread serves every connection together (async_engine.py): a request is
 add_request, a client that leaves (mid-stream, or before a whole response is done) is abort,
-its cache freed at once. Errors are OpenAI's error object with the status: 400 for a body
+its cache freed at once. Streams get their tokens at most every 20 ms (--stream-interval): a
+chunk then holds the tokens of the steps since the last, which keeps the server's own Python
+from slowing the engine's steps. Errors are OpenAI's error object with the status: 400 for a body
 that is not JSON, a missing, wrong or unsupported field, an unknown model, a prompt longer
 than the context; 401 for a wrong or missing key (--api-key); 413 for a body over 8 MiB;
 503 with Retry-After when the engine already holds its running and max_waiting requests.
@@ -33,7 +35,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from solutions.engine import openai_protocol as api
-from solutions.engine.async_engine import AsyncEngine, Overloaded, RequestStream
+from solutions.engine.async_engine import (STREAM_INTERVAL_S, AsyncEngine, Overloaded,
+                                           RequestStream)
 from solutions.engine.llm_engine import token_ids
 
 if TYPE_CHECKING:
@@ -61,11 +64,13 @@ def ids_only(max_len: int) -> Prepare:
 
 
 def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
-              api_key: str | None = None, max_waiting: int = 256,
-              has_text: bool = True) -> Starlette:
+              api_key: str | None = None, max_waiting: int = 256, has_text: bool = True,
+              stream_interval_s: float = STREAM_INTERVAL_S) -> Starlette:
     """The ASGI app over an LLMEngine that nothing else drives. prepare: prompt -> checked
-    token ids (LLM.prepare, or ids_only); has_text: the engine detokenizes (stop strings)."""
-    serving = AsyncEngine(engine, engine.scheduler.config.max_num_seqs + max_waiting)
+    token ids (LLM.prepare, or ids_only); has_text: the engine detokenizes (stop strings);
+    stream_interval_s: the least time between a stream's chunks (async_engine.py)."""
+    serving = AsyncEngine(engine, engine.scheduler.config.max_num_seqs + max_waiting,
+                          stream_interval_s)
     max_len = engine.max_model_len
     created = int(time.time())
 
@@ -180,17 +185,18 @@ def _sse(obj: dict | str) -> str:
 
 async def _events(serving: AsyncEngine, req: api.GenerationRequest, stream: RequestStream,
                   prompt_tokens: int) -> AsyncIterator[str]:
-    """The streamed response: a chunk per choice per delivery, usage if asked, [DONE]. The
-    finally runs when the client disconnects too (Starlette cancels the stream)."""
-    started, generated = set(), 0
+    """The streamed response: a chunk per choice per delivery (one write for them all),
+    usage if asked, [DONE]. The finally runs when the client disconnects too (Starlette
+    cancels the stream)."""
+    chunks, started, generated = api.ChunkEvents(req), set(), 0
     try:
         async for batch in stream:
+            events = []
             for index, (text, ids, reason) in sorted(_merge(batch).items()):
                 generated += len(ids)
-                part = api.choice(req, index, text, ids, reason, delta=True,
-                                  first=index not in started)
+                events.append(chunks.event(index, text, ids, reason, index not in started))
                 started.add(index)
-                yield _sse(api.response(req, [part], None, chunk=True))
+            yield "".join(events)     # one write for the choices of a delivery
         if req.include_usage:
             yield _sse(api.response(req, [], api.usage(prompt_tokens, generated), chunk=True))
     except RuntimeError as e:        # the engine failed: the stream says so and ends
