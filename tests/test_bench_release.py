@@ -58,17 +58,21 @@ def test_an_engine_session_frees_its_engine_though_the_caller_keeps_serve(tiny, 
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_session_gives_its_kv_pool_and_graphs_back(saved):
-    """The engine sizes its KV pool from the free memory (most of the GPU) and captures its
-    decode graphs; once the session is over, the memory allocated is what it was before."""
+    """A session's KV pool and decode graphs are freed when it ends: the memory allocated after
+    a second session is what it was before it (the first one allocates what stays for good:
+    cuBLAS's workspace, the kernels' buffers)."""
     model = parts.load("08", "model").LlamaModel(saved.config, saved.weights, "cuda",
                                                  torch.bfloat16)
+    with ours.engine_session(model, 64) as serve:
+        serve([([3, 4, 5], 3)])
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     with ours.engine_session(model, 64) as serve:
         serve([([3, 4, 5], 3)])
         during = torch.cuda.memory_allocated()
     after = torch.cuda.memory_allocated()
-    assert during - before > GiB, f"the engine took only {(during - before) / MiB:.0f} MiB"
-    assert after - before < 64 * MiB, (
-        f"{(after - before) / GiB:.2f} GiB still allocated after the session (of "
-        f"{(during - before) / GiB:.2f} GiB during it): the engine was not freed")
+    took, left = during - before, after - before
+    assert took > 16 * MiB, f"the engine took only {took / MiB:.0f} MiB: nothing to give back"
+    assert left < max(8 * MiB, took / 10), (
+        f"{left / MiB:.0f} MiB still allocated after the session (of {took / MiB:.0f} MiB "
+        f"during it): the engine was not freed")
