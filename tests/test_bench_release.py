@@ -60,7 +60,8 @@ def test_an_engine_session_frees_its_engine_though_the_caller_keeps_serve(tiny, 
 def test_on_a_gpu_the_session_gives_its_kv_pool_and_graphs_back(saved):
     """A session's KV pool and decode graphs are freed when it ends: the memory allocated after
     a second session is what it was before it (the first one allocates what stays for good:
-    cuBLAS's workspace, the kernels' buffers)."""
+    cuBLAS's workspace, the kernels' buffers). The tiny model's pool is a few MiB (an H100: 6),
+    so the test asks for most of it back, not for a size."""
     model = parts.load("08", "model").LlamaModel(saved.config, saved.weights, "cuda",
                                                  torch.bfloat16)
     with ours.engine_session(model, 64) as serve:
@@ -72,7 +73,7 @@ def test_on_a_gpu_the_session_gives_its_kv_pool_and_graphs_back(saved):
         during = torch.cuda.memory_allocated()
     after = torch.cuda.memory_allocated()
     took, left = during - before, after - before
-    assert took > 16 * MiB, f"the engine took only {took / MiB:.0f} MiB: nothing to give back"
-    assert left < max(8 * MiB, took / 10), (
+    assert took > 2 * MiB, f"the engine took only {took / MiB:.0f} MiB: nothing to give back"
+    assert left < took / 4, (
         f"{left / MiB:.0f} MiB still allocated after the session (of {took / MiB:.0f} MiB "
         f"during it): the engine was not freed")
