@@ -29,13 +29,16 @@ def audit(engine: LLMEngine, where: str) -> None:
         f"{where}: running + waiting {sorted(ids)} are not the live requests "
         f"{sorted(engine.requests)}")
     for q in running:
-        assert q.status is Status.RUNNING, f"{where}: running sequence {q.seq_id} is {q.status}"
+        # by value, not identity: graded through the judge, a student's enum member is a proxy
+        assert q.status.value == Status.RUNNING.value, (
+            f"{where}: running sequence {q.seq_id} is {q.status.value}")
         assert 0 <= q.num_cached <= q.num_tokens, (
             f"{where}: sequence {q.seq_id} has {q.num_cached} of {q.num_tokens} tokens cached")
         assert q.block_table, f"{where}: running sequence {q.seq_id} holds no cache"
     for q in waiting:
-        assert q.status is Status.WAITING and not q.block_table and q.num_cached == 0, (
-            f"{where}: waiting sequence {q.seq_id} ({q.status}) holds blocks {q.block_table} "
+        assert q.status.value == Status.WAITING.value and not q.block_table \
+            and q.num_cached == 0, (
+            f"{where}: waiting sequence {q.seq_id} ({q.status.value}) holds blocks {q.block_table} "
             f"or {q.num_cached} cached tokens")
     alloc = s.allocator
     if not engine.runner.paged:

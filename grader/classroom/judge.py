@@ -409,6 +409,8 @@ class Connection:
             return Remote(self, self.gen, pid[1], pid[2], pid[3][:200])
         if pid[0] == "exc_class" and len(pid) == 2:
             return self._mirror(pid[1], classes, set())
+        if pid[0] == "lent" and len(pid) == 2 and type(pid[1]) is int and pid[1] in self.lent:
+            return self.lent[pid[1]]         # the test's own object, which it lent the worker
         if pid[0] == "synced" and len(pid) == 2 and type(pid[1]) is int and pid[1] in self.synced:
             return self.synced[pid[1]]       # the test's own object, kept in step
         if pid[0] == "enum" and len(pid) == 4 and all(type(f) is str for f in pid[1:]):

@@ -35,7 +35,7 @@ MAX_OBJECTS = 1024           # objects with a snapshot per reply
 MAX_BYTES = 1 << 20          # the snapshots' pickled size per reply
 MAX_ITEMS = 4096             # a container attribute longer than this is read by a request
 MAX_HELD = 64 << 20          # what the judge holds at most (replies that say no code ran add up)
-SNAPSHOT_PIDS = ("obj", "dtype", "size", "device", "enum")   # what a snapshot may name
+SNAPSHOT_PIDS = ("obj", "lent", "dtype", "size", "device", "enum")   # what a snapshot may name
 
 # containers whose reading (len, bool, iteration) runs no student code
 BUILTIN_CONTAINERS = (list, tuple, dict, set, frozenset, collections.deque)
