@@ -1,4 +1,4 @@
-"""Class grading against a hostile class (grader/classroom/, issue 9).
+"""Class grading against a hostile class (grader/classroom/).
 
 One class run of stage 02: an honest student (the reference parts), an untouched skeleton,
 and hostile submissions from tests/hostile/cases.py, with hidden tests. CI grades a

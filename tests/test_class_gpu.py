@@ -1,4 +1,4 @@
-"""Class grading's GPU side, as far as a machine without a GPU can check it (issue 9).
+"""Class grading's GPU side, as far as a machine without a GPU can check it.
 
 - the watch over a student's GPU tests (grader/classroom/gpu.py), on CPU tests that hang,
   crash the process and raise a sticky CUDA error: each ends as timeout or crashed and the
