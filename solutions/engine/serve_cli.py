@@ -26,19 +26,15 @@ MAX_STREAM_INTERVAL_MS = 10_000
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    from solutions.engine.__main__ import _Parser
+    from solutions.engine.__main__ import _Parser, add_engine_options
     p = _Parser(prog="python3 -m solutions.engine serve",
                 description="Serve the model over OpenAI's HTTP API (docs/serving.md).")
-    p.add_argument("--model", metavar="DIR",
-                   help="a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    add_engine_options(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="the port (default: 8000; 0: any)")
     p.add_argument("--api-key", metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1/ requests")
-    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                   help="positions per sequence, prompt + reply (default: the model's, at most "
-                        "4096)")
     p.add_argument("--max-num-seqs", type=int, default=256, metavar="N",
                    help="requests the engine runs at once (default: 256)")
     p.add_argument("--max-waiting", type=int, default=256, metavar="N",
@@ -46,11 +42,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stream-interval", type=float, default=STREAM_INTERVAL_S * 1e3,
                    metavar="MS", help="the least time between a stream's chunks; a chunk holds "
                    "the tokens made meanwhile (default: %(default)g; 0: a chunk per step)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where to run (default: cuda if available, else cpu)")
-    p.add_argument("--mine", action="store_true",
-                   help="serve your own parts (stages/) of every stage whose parts hold no TODO "
-                        "stub; the reference for the others (said on stderr)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"),
                    default="info", help="uvicorn's logging; info logs each request")
     args = p.parse_args(argv)

@@ -40,6 +40,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} ({self.prog} --help lists the options)\n")
 
 
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The options that choose the engine, the same for a prompt and for `serve`."""
+    p.add_argument("--model", metavar="DIR",
+                   help="a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="positions per sequence, prompt + reply (default: the model's, at most "
+                        "4096)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where to run (default: cuda if available, else cpu)")
+    p.add_argument("--mine", action="store_true",
+                   help="run on your own parts (stages/) for every stage whose parts hold no "
+                        "TODO stub; the reference for the others (said on stderr)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = _Parser(prog="python3 -m solutions.engine",
                 description="Generate replies with the tiny-vllm reference engine.")
@@ -48,8 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompts", metavar="FILE",
                    help="many prompts, run together: one per line ('-' reads stdin); a .jsonl "
                         'file holds one {"prompt": ..., <sampling fields>} object per line')
-    p.add_argument("--model", metavar="DIR",
-                   help="a Hugging Face model directory (default: SmolLM2-135M-Instruct)")
+    add_engine_options(p)
     p.add_argument("--raw", action="store_true",
                    help="send the prompt as it is, without the chat template")
     p.add_argument("--json", action="store_true",
@@ -69,14 +82,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="end the reply before this text (repeatable)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past end-of-sequence tokens")
-    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
-                   help="positions per sequence, prompt + reply (default: the model's, at most "
-                        "4096)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where to run (default: cuda if available, else cpu)")
-    p.add_argument("--mine", action="store_true",
-                   help="run on your own parts (stages/) for every stage whose parts hold no "
-                        "TODO stub; the reference for the others (said on stderr)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.prompts is not None:
         p.error("give a prompt or --prompts FILE, not both")
