@@ -31,8 +31,11 @@ def detok_cls():
 
 def stream(tokenizer, ids, prompt_ids=None, skip_special=True) -> list[str]:
     d = detok_cls()(tokenizer, prompt_ids=prompt_ids, skip_special=skip_special)
-    pieces = [d.push(i) for i in ids]
-    return pieces + [d.flush()]
+    pieces = [d.push(i) for i in ids] + [d.flush()]
+    wrong = next((x for x in pieces if not isinstance(x, str)), "")
+    assert not wrong, (f"push() and flush() return text, got {wrong!r}: while a character is "
+                       "incomplete (or nothing is new) the piece is '' (an empty string), never None")
+    return pieces
 
 
 def check_stream(tokenizer, ids, pieces, skip_special=True, what="") -> None:
@@ -106,7 +109,10 @@ def test_flush_releases_an_incomplete_character(model, request):
     tok = request.getfixturevalue(model)
     ids = [tok.token_to_id("Hi"), *byte_tokens(tok, "🦙".encode("utf-8")[:2])]  # half an emoji
     d = detok_cls()(tok)
-    assert [d.push(i) for i in ids] == ["Hi", "", ""]
+    pieces = [d.push(i) for i in ids]
+    assert pieces == ["Hi", "", ""], (
+        f"pushed 'Hi' and half an emoji's bytes, got {pieces}: each push returns the new text "
+        "that is complete, and '' (never None) while the character is unfinished")
     assert d.flush() == tok.decode(ids)[2:] and FFFD in tok.decode(ids)
 
 

@@ -37,6 +37,10 @@ def run(stop, chunks: list[str], token_ids: list[int] | None = None):
     return None, None, text, streamed
 
 
+SPLIT = ("a stop string can arrive split over tokens: each check must search from len(stop) - 1 "
+         "characters before the text already searched, not only the new text")
+
+
 def test_eos():
     stop = checker({2, 7}, [], max_tokens=None)
     assert stop.check(5, "Hello") is None
@@ -68,7 +72,9 @@ def test_stop_string_split_over_real_tokens(stop_string, smollm2):
     assert "".join(chunks) == text
     reason, k, final, streamed = run(checker({2}, [stop_string], None), chunks, ids)
     cut = text.index(stop_string)
-    assert reason == "stop_string"
+    assert reason == "stop_string", (
+        f"the text holds {stop_string!r}, yet no check said 'stop_string' (reason {reason!r}): "
+        f"{SPLIT}")
     assert final == text[:cut], f"expected the output {text[:cut]!r}, got {final!r}"
     assert streamed == final
     done = len("".join(chunks[:k + 1]))
@@ -80,14 +86,19 @@ def test_stop_string_split_over_real_tokens(stop_string, smollm2):
 def test_stop_string_arriving_one_character_at_a_time():
     chunks = list("Answer: 42. User: next")
     reason, _, final, streamed = run(checker(set(), ["User:"], None), chunks)
-    assert reason == "stop_string" and final == "Answer: 42. " and streamed == final
+    assert reason == "stop_string", f"'User:' arrived a character a time, unseen: {SPLIT}"
+    assert final == "Answer: 42. " and streamed == final, (final, streamed)
 
 
 def test_earliest_stop_string_wins_inside_one_token():
     stop = checker(set(), ["\n\n", "###"], None)
     assert stop.check(1, "abc") is None
     assert stop.check(2, "abc def ### x\n\ny") == "stop_string"
-    assert stop.truncate("abc def ### x\n\ny") == "abc def "
+    got = stop.truncate("abc def ### x\n\ny")
+    assert got == "abc def ", (
+        f"stop strings ['\\n\\n', '###'] in 'abc def ### x\\n\\ny': the output is cut before the "
+        f"EARLIEST stop string in the text ('###' at 8), whatever their order in the list; "
+        f"got {got!r}")
 
 
 def test_stop_string_at_the_very_start():
@@ -123,7 +134,7 @@ def test_random_texts_and_random_splits(seed):
             stop_token = next(j for j in range(len(chunks))
                               if len("".join(chunks[:j + 1])) >= end)
         if hits and (max_tokens is None or stop_token < max_tokens):
-            assert reason == "stop_string", where
+            assert reason == "stop_string", f"{where}: no stop found: {SPLIT}"
             assert final == text[:min(hits)], f"{where}: got {final!r}"
         elif max_tokens is not None and max_tokens <= len(chunks):
             assert reason == "max_tokens" and k == max_tokens - 1, where
