@@ -363,12 +363,15 @@ def test_a_key_and_a_full_server(model_dir):
         assert status == 200, body
 
         conn = open_stream(s, {**ask, "max_tokens": 12, "ignore_eos": True}, key)
-        assert conn.response.readline().startswith(b"data: ")
+        first = conn.response.readline()
+        assert first.startswith(b"data: ")
         s.proc.send_signal(signal.SIGTERM)
         rest = conn.getresponse_rest()
         assert rest.endswith(b"data: [DONE]\n\n"), rest[-300:]
-        done = [json.loads(line[6:]) for line in rest.split(b"\n\n") if
-                line.startswith(b"data: {")]
+        # a chunk carries the tokens of --stream-interval's steps: the first one may already
+        # hold the whole reply and its finish reason
+        done = [json.loads(line.strip()[6:]) for line in (first + rest).split(b"\n\n")
+                if line.strip().startswith(b"data: {")]
         assert done[-1]["choices"][0]["finish_reason"] == "length"
     finally:
         code = s.stop() if s.proc.poll() is None else s.proc.returncode
