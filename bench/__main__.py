@@ -209,7 +209,7 @@ def run(args: argparse.Namespace, started: float) -> dict:
         doc["kernels"] = kernel_table(timer, copy_gbs, copy_t, args.quick)
     engine_work = [w for w in args.workloads if w in ENGINE_WORKLOADS]
     measured = measure_ours(model, engine_work, plan, copy_gbs * 1e9)
-    served = measure_serve(model, plan, measured.get("offline")) \
+    served = measure_serve(args, model.config.vocab_size, plan, measured.get("offline")) \
         if "serve" in args.workloads else None
     if "profile" in args.workloads:
         doc["profile"] = profile(model, copy_gbs * 1e9)
@@ -232,16 +232,22 @@ def run(args: argparse.Namespace, started: float) -> dict:
     return doc
 
 
-def measure_serve(model: LlamaModel, plan: Plan, offline: tuple[float, int] | None) -> dict:
-    """The serve section: offline's requests through the HTTP server (bench.serve)."""
+def measure_serve(args: argparse.Namespace, vocab: int, plan: Plan,
+                  offline: tuple[float, int] | None) -> dict:
+    """The serve section: offline's requests through the HTTP server (bench.serve), its
+    engine process holding the same model as this process's."""
+    from functools import partial
+
     from bench import serve
     log("\nthe OpenAI-compatible server (bench.serve):")
-    reqs = W.offline(plan.requests, model.config.vocab_size)
+    reqs = W.offline(plan.requests, vocab)
     why = serve.not_runnable()
     if why is not None:
         log(f"  serve: {why}")
         return serve.skipped_section(len(reqs), why)
-    raw = serve.measure(model, reqs, 2 * W.OFFLINE_LENGTHS[1], describe=lambda s: log("  " + s))
+    build = partial(serve.engine_of, 2 * W.OFFLINE_LENGTHS[1], MAX_POSITIONS, args.shape,
+                    args.seed, args.model)
+    raw = serve.measure(build, reqs, describe=lambda s: log("  " + s))
     section = serve.section(reqs, raw, offline and offline[1] / offline[0],
                             serve.transformers_skipped())
     o, share = section["ours"], section["share_of_offline"]

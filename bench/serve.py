@@ -3,7 +3,7 @@
     python3 -m bench --only serve,offline      (the share of offline needs both in one run)
 
 The OpenAI-compatible server (solutions/engine/server.py) runs in this process on uvicorn,
-over a warmed-up engine like offline's; the clients run in CLIENT_PROCESSES other processes
+over an engine process (async_engine.py) warmed up like offline's engine; the clients run in CLIENT_PROCESSES other processes
 (`python3 -m bench.serve --clients PORT`, so that reading 256 streams does not take the
 server's CPU), each sending its share of the requests at once as streamed /v1/completions
 (token-id prompts, EOS ignored, `return_token_ids` so each chunk says how many tokens it
@@ -31,9 +31,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from bench.workloads import Request
-    from course import parts
-    from solutions.engine.llm_engine import LLMEngine
-    LlamaModel = parts.load("08", "model").LlamaModel
+    from solutions.engine.engine_core import Served
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "bench"
@@ -42,40 +40,59 @@ GOAL_SHARE_OF_OFFLINE = 0.85
 START_TIMEOUT_S = 120
 
 
-def measure(model: LlamaModel, requests: list[Request], max_model_len: int,
-            clients: int = CLIENT_PROCESSES, describe: Callable[[str], None] = print) -> dict:
-    """Serve the requests to streaming HTTP clients; the raw per-request records
-    ({"sent", "times", "counts"}, in request order) and the client processes' count."""
-    from bench.ours import release
-    try:
-        records = _serve(model, requests, max_model_len, clients, describe)
-    finally:
-        # only now: until _serve returned, its server (uvicorn's config holds the app, the
-        # app the engine) kept the engine and its KV pool alive
-        release()
-    return {"records": records, "clients": clients}
+def measure(build: Callable[[], Served], requests: list[Request],
+            clients: int = CLIENT_PROCESSES, describe: Callable[[str], None] = print,
+            **options) -> dict:
+    """Serve the requests to streaming HTTP clients, the engine built by build (engine_of)
+    in its own process; the raw per-request records ({"sent", "times", "counts"}, in
+    request order) and the client processes' count. options: AsyncEngine's."""
+    return {"records": serve_engine(build, requests, clients, describe=describe, **options),
+            "clients": clients}
 
 
-def _serve(model: LlamaModel, requests: list[Request], max_model_len: int, clients: int,
-           describe: Callable[[str], None]) -> list[dict]:
+def engine_of(max_model_len: int, max_positions: int, shape: str | None = None, seed: int = 0,
+              model_dir: str | None = None, device: str = "cuda") -> Served:
+    """The engine process's build (picklable with functools.partial): the bench's model,
+    random weights of a shape made from seed as bench.engine.build_models makes them (the
+    same weights as this process's) or a checkpoint, under an engine warmed up as offline's
+    is, taking token ids only."""
+    import torch
+
+    from bench.engine import SHAPES, build_models
     from bench.ours import warmed_engine
-    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True, describe=describe)
-    return serve_engine(engine, requests, clients)
+    from course import parts
+    from solutions.engine.engine_core import Served, ids_only
+    if model_dir is None:
+        _, model, _ = build_models(SHAPES[shape], seed, max_positions)
+    else:
+        config = parts.load("01", "config").load_config(model_dir)
+        weights = parts.load("01", "checkpoint").load_checked(model_dir, config)
+        model = parts.load("08", "model").LlamaModel(
+            config, weights, device, torch.bfloat16 if device == "cuda" else torch.float32,
+            max_positions=max_positions)
+    engine, _ = warmed_engine(model, max_model_len, prefix_caching=True)
+    return Served(engine, ids_only(max_model_len), False, MODEL_NAME,
+                  about=engine.runner.describe())
 
 
-def serve_engine(engine: LLMEngine, requests: list[Request], clients: int, client_nice: int = 0,
+def serve_engine(build: Callable[[], Served], requests: list[Request], clients: int,
+                 client_nice: int = 0, describe: Callable[[str], None] | None = None,
                  **options) -> list[dict]:
-    """The server over engine (nothing else drives it), on a free port in a thread of this
-    process, until the clients are done; their records. options: build_app's; client_nice:
-    run_clients'."""
+    """The server over the engine build makes (in its process), on a free port in a thread
+    of this process, until the clients are done; their records. options: AsyncEngine's;
+    client_nice: run_clients'."""
     import uvicorn
 
+    from solutions.engine.async_engine import AsyncEngine
     from solutions.engine.serve_cli import listen
-    from solutions.engine.server import build_app, ids_only
-    app = build_app(engine, ids_only(engine.max_model_len), MODEL_NAME,
-                    max_waiting=len(requests), has_text=False, **options)
+    from solutions.engine.server import build_app
+    t0 = time.perf_counter()
+    serving = AsyncEngine(build, max_waiting=len(requests), **options)
+    if describe is not None:
+        describe(f"engine process ready in {time.perf_counter() - t0:.1f} s: {serving.about}")
     sock = listen("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(build_app(serving), log_level="warning",
+                                           lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -89,6 +106,7 @@ def serve_engine(engine: LLMEngine, requests: list[Request], clients: int, clien
         server.should_exit = True
         thread.join()
         sock.close()
+        serving.close()
 
 
 def run_clients(port: int, requests: list[Request], clients: int, nice: int = 0) -> list[dict]:

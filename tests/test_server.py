@@ -529,39 +529,35 @@ def test_a_chunk_event_is_the_json_of_its_response(chat, options):
                 assert json.loads(got[6:]) == want, (got, want)
 
 
-# ----------------------------------------------------------------------------- the engine thread
+# ----------------------------------------------------------------------------- the engine process
 
-def flaky_engine():
-    """bench.serve_standin's stand-in engine (each step gives every request one token, its
-    request id, every 2 ms), whose steps raise while `fail` is set."""
-    from bench.serve_standin import StandInEngine
+FAIL = [13]        # the stand-in engine's steps raise while a request of this prompt runs
 
-    class FlakyEngine(StandInEngine):
-        fail = False
 
-        def step(self):
-            if self.fail:
-                raise RuntimeError("device lost")
-            return super().step()
-    return FlakyEngine(step_s=0.002, host_s=0.0, releases=1)
+def standin(max_num_seqs: int, **options):
+    """An AsyncEngine over bench.serve_standin's stand-in engine (each step gives every
+    request one token, its request id, every 2 ms), whose steps fail while a request whose
+    prompt is FAIL runs."""
+    from functools import partial
+
+    from bench.serve_standin import served
+    from solutions.engine.async_engine import AsyncEngine
+    return AsyncEngine(partial(served, 0.002, 0.0, max_num_seqs=max_num_seqs,
+                               fail_prompt=FAIL), max_waiting=0, **options)
 
 
 def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
-    from solutions.engine.async_engine import AsyncEngine
-    from solutions.engine.openai_protocol import SamplingParams
-    fake = flaky_engine()
+    serving = standin(max_num_seqs=4)
 
     async def scenario():
-        serving = AsyncEngine(fake, capacity=4)
         serving.start()
         try:
-            fake.fail = True
-            stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 2)
+            stream, _ = await serving.add([(FAIL, True, {"max_tokens": 3}), ([5], True, {})])
             with pytest.raises(RuntimeError, match="device lost"):
                 async for _ in stream:
                     pass
-            fake.fail = False
-            stream = await serving.add([([5], SamplingParams(max_tokens=3))] * 4)
+            stream, lengths = await serving.add([([5, 6], True, {"max_tokens": 3})] * 4)
+            assert lengths == [2] * 4, "each job's prompt length"
             got = [out.new_token_ids[0] async for batch in stream for _, out in batch]
             assert sorted(got) == sorted(stream.request_ids * 3), got
             return serving._held
@@ -569,22 +565,43 @@ def test_a_failing_step_ends_the_streams_and_the_engine_serves_on():
             serving.stop()
 
     assert asyncio.run(scenario()) == 0, "every request was let go of"
+    assert serving.process.exitcode == 0, "stop() ends the engine process cleanly"
+
+
+def test_a_refused_job_refuses_its_whole_request_and_an_engine_that_dies_is_said():
+    from solutions.engine.async_engine import EngineUnavailable
+    serving = standin(max_num_seqs=4)
+
+    async def scenario():
+        serving.start()
+        try:
+            with pytest.raises(ValueError, match="more than the context of 4096"):
+                await serving.add([([5], True, {"max_tokens": 2}), ([5] * 5000, True, {})])
+            assert serving._held == 0, "a refused request holds no place"
+            stream, _ = await serving.add([([5], True, {"max_tokens": 10_000})])
+            serving.process.kill()        # as the kernel's OOM killer would
+            with pytest.raises(RuntimeError, match="engine process has exited"):
+                async for _ in stream:
+                    pass
+            with pytest.raises(EngineUnavailable, match="restart the server"):
+                await serving.add([([5], True, {})])
+        finally:
+            serving.stop()
+
+    asyncio.run(scenario())
 
 
 def test_the_stream_interval_gathers_the_steps_between_deliveries():
     """The first step's outputs go at once; with an interval longer than the run, the others
     wait and go together when the engine goes idle: two deliveries, no token lost."""
-    from solutions.engine.async_engine import AsyncEngine
-    from solutions.engine.openai_protocol import SamplingParams
-    fake, sizes = flaky_engine(), []
+    serving, sizes = standin(max_num_seqs=2, stream_interval_s=3600), []
 
     async def scenario():
-        serving = AsyncEngine(fake, capacity=2, stream_interval_s=3600)
         deliver = serving._deliver
         serving._deliver = lambda outputs: (sizes.append(len(outputs)), deliver(outputs))
         serving.start()
         try:
-            stream = await serving.add([([5], SamplingParams(max_tokens=6))])
+            stream, _ = await serving.add([([5], True, {"max_tokens": 6})])
             got = [t async for batch in stream for _, out in batch for t in out.new_token_ids]
             return got, stream.request_ids
         finally:

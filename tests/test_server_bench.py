@@ -1,34 +1,33 @@
-"""bench.serve on the CPU: the serve workload's whole path (the server in this process, client
-processes streaming over HTTP, the section and its table) on a tiny model and a few requests.
-Speed is the GPU run's business: here only that every client gets its tokens, the numbers
-are there, and the engine is freed afterwards."""
+"""bench.serve on the CPU: the serve workload's whole path (the server in this process, its
+engine in another, client processes streaming over HTTP, the section and its table) on a tiny
+model and a few requests. Speed is the GPU run's business: here only that every client gets
+its tokens and the numbers are there."""
 from __future__ import annotations
 
 import math
-
-import torch
+import multiprocessing
+from functools import partial
 
 from bench import results, serve
 from bench import __main__ as cli
-from course import parts
 from course.testing import fixtures
-from tests.test_bench_release import assert_released, watch_engines
 
 
 def test_serve_is_a_workload_of_the_cli():
     assert cli.parse_args(["--only", "serve,offline"]).workloads == ["offline", "serve"]
 
 
-def test_the_serve_workload_on_a_tiny_model(tmp_path, monkeypatch):
+def test_the_serve_workload_on_a_tiny_model(tmp_path):
     fixtures.save_tiny_llama(tmp_path, "gqa_tied", eos_token_id=None)
-    config = parts.load("01", "config").load_config(tmp_path)
-    weights = parts.load("01", "checkpoint").load_checked(tmp_path, config)
-    model = parts.load("08", "model").LlamaModel(config, weights, "cpu", torch.float32)
     requests = [([3 + i, 4 + i, 5 + i][: 1 + i % 3] * 2, 2 + i % 4) for i in range(6)]
     # 16 positions: the engine's warm-up then runs 8-token prompts, cheap on a CPU
-    made = watch_engines(monkeypatch)
-    raw = serve.measure(model, requests, 16, clients=2, describe=lambda _: None)
-    assert_released(made)          # the server's engine too, once measure is done
+    build = partial(serve.engine_of, 16, 64, model_dir=str(tmp_path), device="cpu")
+    described: list[str] = []
+    # a chunk per step: every request then has several, and inter-token latencies
+    raw = serve.measure(build, requests, clients=2, describe=described.append,
+                        stream_interval_s=0)
+    assert multiprocessing.active_children() == [], "the engine process has ended"
+    assert described and "KV cache" in described[0], described
     section = serve.section(requests, raw, 1000.0, serve.transformers_skipped())
     ours = section["ours"]
     assert ours["tokens"] == sum(n for _, n in requests)

@@ -1,25 +1,20 @@
-"""The engine behind a server: one thread steps it, any number of asyncio tasks talk to it.
+"""The server's side of the engine: the engine runs in a process of its own (engine_core.py),
+and any number of asyncio tasks talk to it.
 
-    engine = AsyncEngine(llm.engine, max_waiting=256)
+    engine = AsyncEngine(build, max_waiting=256)     # starts the process, waits until it is
+                                                     # ready; EngineUnavailable: why not
     engine.start()                                   # in the event loop's thread
-    stream = await engine.add(prompt_ids, params)    # ValueError: refused, with a sentence
-    async for outputs in stream:                     # lists of RequestOutput, in order
+    stream, prompt_tokens = await engine.add(jobs)   # ValueError / TypeError: refused
+    async for batch in stream:                       # lists of (choice, RequestOutput)
         ...
-    engine.abort(stream.request_id)                  # the client went away: cache freed
-    engine.stop()                                    # ends every request, joins the thread
+    engine.abort(stream)                             # the client went away: cache freed
+    engine.stop()                                    # ends the process and waits for it
 
-LLMEngine is synchronous and not thread-safe, so only its own thread calls it: the event loop
-hands it commands (add, abort) through a queue, and the thread hands the steps' outputs back in
-one `call_soon_threadsafe` per delivery. Neither side ever waits for the other: a step never
-waits on a slow client (each request's outputs queue up on the event loop's side, at most
-max_tokens of them), and a connection never waits on a step, only on its own request's outputs.
-
-Deliveries: at most one per `stream_interval_s` (the outputs of the steps between are handed
-over together, so a streamed chunk then carries several tokens), and at once when the engine
-goes idle. The event loop and the engine thread share the interpreter's lock: every chunk the
-server writes (a JSON body, an HTTP write) is Python that the engine thread, which must queue a
-GPU step every few milliseconds, waits for. At 256 requests a chunk per request per step costs
-more host time than the step's own work, and the GPU would idle; a chunk per interval bounds it.
+Two threads of this process carry the pipes, so the event loop never waits on the engine:
+one sends the commands (a flood of large prompts could fill a pipe while the engine is in
+a step), one receives the engine's messages and hands each to the event loop in one
+`call_soon_threadsafe`. Each request's outputs queue up on the event loop's side, at most
+max_tokens of them: a slow client never holds up a step, and a step never holds up a client.
 
 Admission control: `add` raises Overloaded when `capacity` requests are already in the engine
 (the ones running plus max_waiting queued), so a flood of clients gets a quick "try again"
@@ -28,26 +23,29 @@ instead of an unbounded queue.
 from __future__ import annotations
 
 import asyncio
-import math
+import itertools
+import multiprocessing
 import queue
-import sys
 import threading
-import time
-import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from solutions.engine.llm_engine import LLMEngine, RequestOutput, SamplingParams
+from solutions.engine import engine_core
 
-IDLE_WAIT_S = 0.5   # an idle thread wakes this often to notice stop() even without a command
-SWITCH_INTERVAL_S = 0.0001
+if TYPE_CHECKING:   # it loads stage 11's parts: not before `serve --mine` has chosen whose
+    from solutions.engine.llm_engine import RequestOutput
+
 STREAM_INTERVAL_S = 0.02
+STOP_TIMEOUT_S = 60      # the engine finishes its step, then aborts; past this it is killed
 
 
 class Overloaded(Exception):
     """The engine holds as many requests as it may: the client should retry later."""
+
+
+class EngineUnavailable(Exception):
+    """The engine process could not be built, or has exited: the sentence says why."""
 
 
 @dataclass
@@ -65,18 +63,13 @@ class RequestStream:
     since the last iteration (several when the client fell behind), and ends once every
     request has finished. An engine failure ends it with RuntimeError."""
 
-    def __init__(self, size: int):
-        self.request_ids: list[int | None] = [None] * size   # the engine's, once it took them
-        self.index: dict[int, int] = {}
-        self.unfinished: set[int] = set()
+    def __init__(self, request_ids: list[int]):
+        self.request_ids = request_ids
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+        self.unfinished = set(request_ids)
         # what arrived and was not read yet; one wake-up per delivery, not per token
         self._arrived: list[RequestOutput | BaseException] = []
         self._ready = asyncio.Event()
-
-    def bind(self, index: int, request_id: int) -> None:
-        self.request_ids[index] = request_id
-        self.index[request_id] = index
-        self.unfinished.add(request_id)
 
     def put(self, item: RequestOutput | BaseException) -> None:
         self._arrived.append(item)
@@ -98,174 +91,170 @@ class RequestStream:
 
 
 class AsyncEngine:
-    """engine: an LLMEngine that nothing else drives. capacity: the most requests it holds
-    at once (running and waiting). stream_interval_s: the least time between deliveries of
-    outputs (0: one per step)."""
+    """build: a picklable callable returning engine_core.Served, run in the engine process.
+    max_waiting: requests queued beyond the running ones before Overloaded. stream_interval_s:
+    the least time between deliveries of outputs (0: one per step). What the engine serves
+    is in `model`, `max_model_len`, `has_text`, `capacity` and `about` (a line for logs) once
+    this returns."""
 
-    def __init__(self, engine: LLMEngine, capacity: int,
+    def __init__(self, build: Callable[[], engine_core.Served], max_waiting: int,
                  stream_interval_s: float = STREAM_INTERVAL_S):
-        self.engine, self.capacity = engine, capacity
-        self.stream_interval_s = stream_interval_s
+        ctx = multiprocessing.get_context("spawn")    # CUDA does not survive a fork
+        commands_in, self._commands = ctx.Pipe(duplex=False)
+        self._outputs, outputs_out = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=engine_core.run, name="tiny-vllm engine", daemon=True,
+                                   args=(build, commands_in, outputs_out, stream_interval_s))
+        self.process.start()
+        commands_in.close()       # ours closed: the engine's end alone keeps each pipe open,
+        outputs_out.close()       # so either side sees the other go
+        try:
+            first = self._outputs.recv()
+        except EOFError:
+            self.process.join()
+            raise EngineUnavailable(f"the engine process exited (status "
+                                    f"{self.process.exitcode}) before it was ready") from None
+        except BaseException:     # Ctrl-C while the model loads
+            self.process.kill()
+            raise
+        if first[0] == "unavailable":
+            self.process.join()
+            raise EngineUnavailable(first[1])
+        info = first[1]
+        self.model, self.max_model_len = info["model"], info["max_model_len"]
+        self.has_text, self.about = info["has_text"], info["about"]
+        self.capacity = info["max_num_seqs"] + max_waiting
         self.stats = EngineStats()
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        # the event loop's side: each request in the engine -> its client's stream
-        self._streams: dict[int, RequestStream] = {}
-        self._held = 0       # requests taken and not yet finished or aborted
-        self.aborted = 0     # requests whose client left before they finished
+        self.aborted = 0          # requests whose client left before they finished
+        self.exited: str | None = None   # why the engine is gone, once it is
+        self._streams: dict[int, RequestStream] = {}   # each request in the engine -> stream
+        # adds the engine has not answered: ticket -> (the answer, how many requests)
+        self._tickets: dict[int, tuple[asyncio.Future, int]] = {}
+        self._ticket = itertools.count()
+        self._held = 0            # requests taken or asked for, not yet finished or aborted
+        self._sending: queue.SimpleQueue = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._running = False
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        """Start the engine thread; call from the event loop that will await the streams.
-
-        It also shortens the interpreter's switch interval (for the whole process): each
-        torch call of the engine thread lets the GIL go, and while the event loop runs Python
-        the thread waits up to that long to take it back, some ten times a step (the default
-        5 ms would idle the GPU). stop() puts the interval back."""
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        """Start carrying messages; call from the event loop that will await the streams."""
+        from solutions.engine.llm_engine import RequestOutput
+        self._output = RequestOutput
         self._loop = asyncio.get_running_loop()
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=target, name=name, daemon=True)
+                         for target, name in ((self._send_commands, "engine commands"),
+                                              (self._receive, "engine outputs"))]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Abort what is left, end the thread and wait for it (it finishes its step first)."""
-        self._running = False
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            sys.setswitchinterval(self._switch_interval)
+        """Abort what is left, end the process and wait for it (it finishes its step first)."""
+        self._sending.put(("stop",))
+        self._sending.put(None)
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT_S)
+        self.close()
 
-    async def add(self, jobs: list[tuple[list[int], SamplingParams]]) -> RequestStream:
-        """Queue one client's requests (prompt ids, params) together; their stream once the
-        engine has taken them all. Overloaded when they do not fit now (the caller sees
-        that they fit an idle engine: `capacity`); ValueError or TypeError
-        (the engine's sentence) when the engine refuses one, and then none is kept."""
-        if not self._running:
-            raise Overloaded("the server is shutting down")
+    def close(self) -> None:
+        """End the process now, whatever it is doing (stop() without start(), or a hang)."""
+        self.process.join(0 if not self._threads else STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self._commands.close()
+        self._outputs.close()
+
+    async def add(self, jobs: list[tuple[object, bool, dict]]
+                  ) -> tuple[RequestStream, list[int]]:
+        """Queue one client's requests together: (prompt, raw, SamplingParams fields without
+        max_tokens when the client gave none). Their stream and each job's prompt length once
+        the engine has taken them all. Overloaded when they do not fit now (the caller sees
+        that they fit an idle engine: `capacity`); ValueError or TypeError (the engine's
+        sentence) when the engine refuses one, and then none is kept."""
+        if self.exited is not None:
+            raise EngineUnavailable(self.exited)
         if self._held + len(jobs) > self.capacity:
             raise Overloaded(f"the server holds {self._held} requests and takes at most "
                              f"{self.capacity}")
         self._held += len(jobs)
-        stream = RequestStream(len(jobs))
-        taken = [self._loop.create_future() for _ in jobs]
-        for index, ((prompt_ids, params), future) in enumerate(zip(jobs, taken)):
-            self._commands.put(("add", prompt_ids, params, (stream, index, future)))
-        self._wake.set()
+        ticket = next(self._ticket)
+        answer = self._loop.create_future()
+        self._tickets[ticket] = (answer, len(jobs))
+        self._sending.put(("add", ticket, jobs))
         try:
-            results = await asyncio.gather(*taken, return_exceptions=True)
-        except asyncio.CancelledError:   # the client left: what was taken goes at once
-            self._release(stream)
+            return await answer
+        except asyncio.CancelledError:   # the client left: _settle lets the requests go
             raise
-        refused = [r for r in results if isinstance(r, Exception)]
-        if refused:
-            self._held -= len(refused)
-            self._release(stream)
-            raise refused[0]
-        return stream
+        except Exception:
+            self._held -= len(jobs)
+            raise
 
     def abort(self, stream: RequestStream) -> None:
         """End a client's unfinished requests now (it went away): their cache is freed."""
-        self.aborted += self._release(stream)
+        gone = [rid for rid in stream.request_ids if self._streams.pop(rid, None) is not None]
+        if gone:
+            self._held -= len(gone)
+            self.aborted += len(gone)
+            self._sending.put(("abort", gone))
 
-    def _release(self, stream: RequestStream) -> int:
-        """Abort the stream's requests the engine took and has not finished; how many."""
-        released = 0
-        for rid in stream.request_ids:
-            if rid is not None and self._streams.pop(rid, None) is not None:
-                self._drop(rid)
-                released += 1
-        return released
-
-    def _drop(self, request_id: int | None) -> None:
-        """Let go of a request no stream owns (None: one the engine refused)."""
-        self._held -= 1
-        if request_id is not None:
-            self._abort(request_id)
-
-    def _abort(self, request_id: int) -> None:
-        self._commands.put(("abort", request_id))
-        self._wake.set()
-
-    # ------------------------------------------------------------ the engine's own thread
-    def _run(self) -> None:
-        engine = self.engine
-        pending: list[RequestOutput] = []    # outputs not delivered yet
-        delivered = -math.inf                # when the last delivery went (the first: at once)
-        while self._running:
+    # ------------------------------------------------------------ the pipes' threads
+    def _send_commands(self) -> None:
+        while (command := self._sending.get()) is not None:
             try:
-                self._take_commands()
-                if not engine.has_unfinished():
-                    pending = self._hand_over(pending)
-                    self._wake.wait(IDLE_WAIT_S)
-                    self._wake.clear()
-                    continue
-                pending += engine.step()
-            except Exception as e:   # a bug or a device error: fail what runs, keep serving
-                traceback.print_exc(file=sys.stderr)
-                pending = self._hand_over(pending)   # what came before the failure
-                self._fail_all(e)
-                continue
-            now = time.monotonic()
-            if pending and now - delivered >= self.stream_interval_s:
-                pending, delivered = self._hand_over(pending), now
-        for request_id in list(engine.requests):
-            engine.abort(request_id)
+                self._commands.send(command)
+            except OSError:       # the engine has gone: the receiving thread says so
+                return
 
-    def _hand_over(self, outputs: list[RequestOutput]) -> list:
-        """Deliver outputs on the event loop, in one callback; a new empty list."""
-        if outputs:
-            self._loop.call_soon_threadsafe(self._deliver, outputs)
-        return []
-
-    def _take_commands(self) -> None:
+    def _receive(self) -> None:
         while True:
             try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if command[0] == "abort":
-                self.engine.abort(command[1])
-                continue
-            _, prompt_ids, params, ticket = command
-            try:
-                result = self.engine.add_request(prompt_ids, params)
-            except Exception as e:   # ValueError / TypeError: refused (400); else a bug (500)
-                result = e
-            self._loop.call_soon_threadsafe(self._settle, ticket, result)
-        self._publish_stats()
-
-    def _publish_stats(self) -> None:
-        sched, alloc = self.engine.scheduler, self.engine.scheduler.allocator
-        if hasattr(alloc, "num_used_blocks"):      # stage 13's BlockManager
-            used, total = alloc.num_used_blocks, alloc.num_total_blocks
-        else:                                       # stage 11's SlotAllocator
-            used, total = alloc.num_slots - len(alloc.free_slots), alloc.num_slots
-        self.stats = EngineStats(len(sched.running), len(sched.waiting), used, total)
-
-    def _fail_all(self, error: Exception) -> None:
-        for request_id in list(self.engine.requests):
-            self.engine.abort(request_id)
-        self._loop.call_soon_threadsafe(self._fail_streams, error)
+                message = self._outputs.recv()
+            except (EOFError, OSError):
+                message = ("exited",)
+            self._loop.call_soon_threadsafe(self._on_message, message)
+            if message[0] in ("stopped", "exited"):
+                return
 
     # ------------------------------------------------------------ the event loop's side
-    def _settle(self, ticket: tuple[RequestStream, int, asyncio.Future],
-                result: int | Exception) -> None:
-        """An add's outcome, run before any output of the request (callbacks run in order).
-        A client that left while the engine took its request cancelled the future: the
-        request goes at once."""
-        stream, index, taken = ticket
-        if taken.cancelled():
-            self._drop(result if isinstance(result, int) else None)
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "outputs":
+            self.stats = EngineStats(*message[2])
+            self._deliver([self._output(*out) for out in message[1]])
+        elif kind == "stats":
+            self.stats = EngineStats(*message[1])
+        elif kind == "taken":
+            self._settle(message[1], (message[2], message[3]))
+        elif kind == "refused":
+            error = {"ValueError": ValueError, "TypeError": TypeError}.get(message[2])
+            self._settle(message[1], error(message[3]) if error else
+                         RuntimeError(f"{message[2]}: {message[3]}"))
+        elif kind == "failed":
+            self._fail_streams(RuntimeError(message[1]))
+        elif kind == "exited":
+            self.process.join(1)
+            self.exited = (f"the engine process has exited (status {self.process.exitcode}): "
+                           "restart the server")
+            self._fail_streams(EngineUnavailable(self.exited))
+            for ticket in list(self._tickets):
+                self._settle(ticket, EngineUnavailable(self.exited))
+
+    def _settle(self, ticket: int, result: tuple[list[int], list[int]] | Exception) -> None:
+        """An add's answer, before any output of its requests (messages come in order): the
+        stream is in place before they come. A client that left meanwhile cancelled the
+        future: its requests go at once."""
+        answer, size = self._tickets.pop(ticket)
+        if answer.cancelled():
+            self._held -= size
+            if not isinstance(result, Exception):
+                self._sending.put(("abort", result[0]))
         elif isinstance(result, Exception):
-            taken.set_exception(result)
+            answer.set_exception(result)
         else:
-            stream.bind(index, result)
-            self._streams[result] = stream
-            taken.set_result(result)
+            request_ids, lengths = result
+            stream = RequestStream(request_ids)
+            for rid in request_ids:
+                self._streams[rid] = stream
+            answer.set_result((stream, lengths))
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

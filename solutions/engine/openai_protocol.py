@@ -1,7 +1,7 @@
 """OpenAI's HTTP API as this engine speaks it: request bodies checked, response bodies built.
 
     request = parse_request(body, chat=True)    # APIError(400) naming the field if wrong
-    params = request.params(choice=0, max_tokens=1000)  # SamplingParams (1000: the default)
+    fields = request.choice_fields(0)           # SamplingParams' fields, checked
     part = choice(request, 0, text, token_ids, "eos", delta=False)
     response(request, [part], usage(prompt_tokens, completion_tokens))   # a whole answer
     response(request, [part], None, chunk=True)  # one streamed chunk's body
@@ -82,18 +82,21 @@ class GenerationRequest:
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def params(self, choice: int, max_tokens: int) -> SamplingParams:
-        """Choice `choice`'s parameters; max_tokens: the default when the body gives none.
-        With a seed, choice i samples with seed + i, so n choices differ yet replay."""
-        fields = {"max_tokens": max_tokens, "temperature": 1.0, **self.sampling}
+    def choice_fields(self, choice: int) -> dict:
+        """Choice `choice`'s SamplingParams fields, checked (APIError naming the field);
+        max_tokens only when the body gave it (the engine's default is the rest of the
+        context, which it knows once the prompt is tokens). With a seed, choice i samples
+        with seed + i, so n choices differ yet replay."""
+        fields = {"temperature": 1.0, **self.sampling}
         if fields.get("seed") is not None and choice:
             fields["seed"] = (fields["seed"] + choice + SEED_SPAN // 2) % SEED_SPAN \
                 - SEED_SPAN // 2
         try:
-            return SamplingParams(**fields)
+            SamplingParams(**{"max_tokens": 1, **fields})
         except ValueError as e:
             name = str(e).split(" ", 1)[0]
             raise APIError(400, str(e), name if name in fields else None) from None
+        return fields
 
 
 def _expect(body: Mapping, name: str, kind: type | tuple, what: str):

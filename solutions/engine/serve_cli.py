@@ -5,9 +5,10 @@
     python3 -m solutions.engine serve --host 0.0.0.0 --api-key "$KEY"   # reachable, with a key
     python3 -m solutions.engine serve --mine                # on your own parts of the stages
 
-It loads the model, binds the port (a port in use is one line "error: ...", exit 2, before
-the model loads), then serves until SIGINT / SIGTERM: it stops accepting, lets the requests in
-flight finish (SHUTDOWN_GRACE_S at most; past that they are cut off and aborted) and exits 0.
+It binds the port (a port in use is one line "error: ...", exit 2, before the model loads),
+loads the model in a process of its own (the engine's: async_engine.py), then serves until
+SIGINT / SIGTERM: it stops accepting, lets the requests in flight finish (SHUTDOWN_GRACE_S at
+most; past that they are cut off and aborted), ends the engine process and exits 0.
 Once it listens it says where on stderr: "serving NAME at http://HOST:PORT/v1" (--port 0
 picks a free port, and this line names it).
 """
@@ -18,8 +19,14 @@ import contextlib
 import socket
 import sys
 from collections.abc import Callable
+from functools import partial
+
+from typing import TYPE_CHECKING
 
 from solutions.engine.async_engine import STREAM_INTERVAL_S
+
+if TYPE_CHECKING:
+    from solutions.engine.engine_core import Served
 
 SHUTDOWN_GRACE_S = 30
 MAX_STREAM_INTERVAL_MS = 10_000
@@ -69,25 +76,37 @@ def main(argv: list[str]) -> int:
     with sock:
         try:
             if args.mine:
-                select_mine()
-            from solutions.engine.llm import LLM, EngineConfig
-            from solutions.engine.server import build_app, ids_only
+                select_mine()     # the engine process inherits the choice (the environment)
+            from solutions.engine.async_engine import AsyncEngine, EngineUnavailable
+            from solutions.engine.server import build_app
             model_dir = args.model if args.model is not None else smollm2.ensure_model()
-            llm = LLM(model_dir, device=args.device, config=EngineConfig(
-                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs))
-        except (smollm2.ModelNotAvailable, OSError, ValueError, NotImplementedError) as e:
+            serving = AsyncEngine(
+                partial(load_llm, str(model_dir), args.device, args.max_model_len,
+                        args.max_num_seqs),
+                args.max_waiting, args.stream_interval / 1e3)
+        except (smollm2.ModelNotAvailable, OSError, ValueError, EngineUnavailable) as e:
             print(f"error: {one_line(e)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             return 130
-        name = llm.model_dir.resolve().name
-        prepare = llm.prepare if llm.tokenizer is not None else ids_only(llm.max_positions)
-        app = build_app(llm.engine, prepare, name, api_key=args.api_key,
-                        max_waiting=args.max_waiting, has_text=llm.tokenizer is not None,
-                        stream_interval_s=args.stream_interval / 1e3)
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        return run(app, sock, args.log_level,
-                   lambda port: f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops)")
+        try:
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            return run(build_app(serving, api_key=args.api_key), sock, args.log_level,
+                       lambda port: f"serving {serving.model} at http://{host}:{port}/v1 "
+                                    "(Ctrl-C stops)")
+        finally:
+            serving.close()
+
+
+def load_llm(model_dir: str, device: str, max_model_len: int | None,
+             max_num_seqs: int) -> Served:
+    """The model, in the engine process (async_engine.py starts it with this)."""
+    from solutions.engine.engine_core import Served
+    from solutions.engine.llm import LLM, EngineConfig
+    llm = LLM(model_dir, device=device, config=EngineConfig(
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs))
+    return Served(llm.engine, llm.prepare, llm.tokenizer is not None,
+                  llm.model_dir.resolve().name)
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over the engine: the ASGI app (Starlette; serve_cli.py
 runs it on uvicorn).
 
-    app = build_app(llm.engine, llm.prepare, "SmolLM2-135M-Instruct", api_key=None)
+    engine = AsyncEngine(partial(load_llm, model_dir), max_waiting=256)   # its own process
+    app = build_app(engine, api_key=None)
     curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
          -d '{"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}]}'
 
@@ -9,11 +10,11 @@ Endpoints: POST /v1/chat/completions, POST /v1/completions (whole or streamed as
 events ending in `data: [DONE]`), GET /v1/models, GET /health (the engine's running and
 waiting requests and KV-cache use). openai_protocol.py says which fields are supported.
 
-One engine thread serves every connection together (async_engine.py): a request is
-add_request, a client that leaves (mid-stream, or before a whole response is done) is abort,
-its cache freed at once. Streams get their tokens at most every 20 ms (--stream-interval): a
-chunk then holds the tokens of the steps since the last, which keeps the server's own Python
-from slowing the engine's steps. Errors are OpenAI's error object with the status: 400 for a body
+One engine process serves every connection together (async_engine.py, engine_core.py): a
+request is add_request there, a client that leaves (mid-stream, or before a whole response is
+done) is abort, its cache freed at once. Streams get their tokens at most every 20 ms
+(--stream-interval): a chunk then holds the tokens of the steps since the last, which keeps
+the server's per-chunk work (a JSON body, an HTTP write) bounded however fast the steps come. Errors are OpenAI's error object with the status: 400 for a body
 that is not JSON, a missing, wrong or unsupported field, an unknown model, a prompt longer
 than the context; 401 for a wrong or missing key (--api-key); 413 for a body over 8 MiB;
 503 with Retry-After when the engine already holds its running and max_waiting requests.
@@ -25,8 +26,7 @@ import contextlib
 import hmac
 import json
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,43 +35,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from solutions.engine import openai_protocol as api
-from solutions.engine.async_engine import (STREAM_INTERVAL_S, AsyncEngine, Overloaded,
+from solutions.engine.async_engine import (AsyncEngine, EngineUnavailable, Overloaded,
                                            RequestStream)
-from solutions.engine.llm_engine import token_ids
-
-if TYPE_CHECKING:
-    from solutions.engine.llm_engine import LLMEngine
 
 MAX_BODY_BYTES = 8 << 20
 RETRY_AFTER_S = 1
-# prompt -> token ids; raw: a string is the whole prompt (completions), not a user message
-Prepare = Callable[[object, bool], list[int]]
 
 
-def ids_only(max_len: int) -> Prepare:
-    """The prompt check of a server without a tokenizer: token ids only."""
-    def prepare(prompt: object, raw: bool) -> list[int]:
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
-            raise ValueError("this server's model has no tokenizer: send token ids")
-        ids = token_ids(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty (no tokens)")
-        if len(ids) > max_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, more than the context of "
-                             f"{max_len} positions")
-        return ids
-    return prepare
-
-
-def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
-              api_key: str | None = None, max_waiting: int = 256, has_text: bool = True,
-              stream_interval_s: float = STREAM_INTERVAL_S) -> Starlette:
-    """The ASGI app over an LLMEngine that nothing else drives. prepare: prompt -> checked
-    token ids (LLM.prepare, or ids_only); has_text: the engine detokenizes (stop strings);
-    stream_interval_s: the least time between a stream's chunks (async_engine.py)."""
-    serving = AsyncEngine(engine, engine.scheduler.config.max_num_seqs + max_waiting,
-                          stream_interval_s)
-    max_len = engine.max_model_len
+def build_app(serving: AsyncEngine, *, api_key: str | None = None) -> Starlette:
+    """The ASGI app over an engine process (AsyncEngine, ready: it names the model, its
+    context and whether it makes text). The app's lifespan starts and stops it."""
+    model_name, max_len = serving.model, serving.max_model_len
     created = int(time.time())
 
     def authorize(request: Request) -> None:
@@ -84,6 +58,8 @@ def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
 
     async def health(request: Request) -> Response:
         s = serving.stats
+        if serving.exited is not None:
+            return JSONResponse({"status": serving.exited}, status_code=503)
         return JSONResponse({"status": "ok", "running": s.running, "waiting": s.waiting,
                              "kv_cache_used": s.kv_cache_used,
                              "kv_cache_total": s.kv_cache_total, "aborted": serving.aborted})
@@ -100,29 +76,26 @@ def build_app(engine: LLMEngine, prepare: Prepare, model_name: str, *,
         if req.model != model_name:
             raise api.APIError(400, f"the model '{req.model}' is not served here; this server "
                                     f"serves '{model_name}'", "model", "model_not_found")
-        if "stop" in req.sampling and not has_text:
+        if "stop" in req.sampling and not serving.has_text:
             raise api.APIError(400, "'stop' needs text, and this server's model has no "
                                     "tokenizer", "stop")
         where = "messages" if chat else "prompt"
-        jobs, prompt_tokens = [], 0
-        for prompt in req.prompts:
-            try:
-                ids = prepare(prompt, not chat)
-            except (ValueError, TypeError) as e:
-                raise api.APIError(400, str(e), where) from None
-            prompt_tokens += len(ids)
-            # default: the rest of the context (a prompt that fills it still gets its token)
-            jobs += [(ids, req.params(i, max(1, max_len - len(ids)))) for i in range(req.n)]
+        # the engine process turns each prompt into token ids (its tokenizer, its template)
+        choices = [req.choice_fields(i) for i in range(req.n)]
+        jobs = [(prompt, not chat, fields) for prompt in req.prompts for fields in choices]
         if len(jobs) > serving.capacity:
             raise api.APIError(400, f"{len(jobs)} choices in one request, more than the "
                                     f"{serving.capacity} requests this server holds", "n")
         try:
-            stream = await serving.add(jobs)
+            stream, lengths = await serving.add(jobs)
         except Overloaded as e:
             raise api.APIError(503, f"the server is busy ({e}): retry later",
                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except EngineUnavailable as e:
+            raise api.APIError(503, str(e)) from None
         except (ValueError, TypeError) as e:
             raise api.APIError(400, str(e), where) from None
+        prompt_tokens = sum(lengths[::req.n])    # each prompt once, not once per choice
         if req.stream:
             return StreamingResponse(_events(serving, req, stream, prompt_tokens),
                                      media_type="text/event-stream",
