@@ -35,8 +35,10 @@ idle. The server going away (its end of the pipe closed) ends this process too.
 from __future__ import annotations
 
 import math
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -103,9 +105,23 @@ def run(build: Callable[[], Served], commands: Connection, outputs: Connection,
 
 class _Core:
     def __init__(self, served: Served, outputs: Connection, stream_interval_s: float):
-        self.served, self.engine, self.outputs = served, served.engine, outputs
+        self.served, self.engine = served, served.engine
         self.interval = stream_interval_s
         self.stats: tuple[int, int, int, int] | None = None
+        # A thread of its own pickles and writes the messages: the step loop only queues
+        # them. Written by the loop, a message waited whenever the pipe was full (the server
+        # busy writing chunks), and each wait idled the GPU until the next step was queued.
+        self._mail: queue.SimpleQueue = queue.SimpleQueue()
+        self._postman = threading.Thread(target=self._deliver, args=(outputs,),
+                                         name="engine outputs", daemon=True)
+        self._postman.start()
+
+    def _deliver(self, outputs: Connection) -> None:
+        while (message := self._mail.get()) is not None:
+            try:
+                outputs.send(message)
+            except OSError:          # the server has gone: the step loop sees it too
+                return
 
     def serve(self, commands: Connection) -> None:
         engine = self.engine
@@ -119,7 +135,9 @@ class _Core:
                 while commands.poll(0 if engine.has_unfinished() else None):
                     if not self._obey(commands.recv()):
                         self._abort_all()
-                        self.outputs.send(("stopped",))
+                        self._mail.put(("stopped",))
+                        self._mail.put(None)
+                        self._postman.join()
                         return
             except EOFError:               # the server has gone
                 return
@@ -132,7 +150,7 @@ class _Core:
                 traceback.print_exc(file=sys.stderr)
                 pending = self._send(pending)   # what came before the failure
                 self._abort_all()
-                self.outputs.send(("failed", one_line(e)))
+                self._mail.put(("failed", one_line(e)))
                 continue
             now = time.monotonic()
             if now - sent >= self.interval:
@@ -165,21 +183,21 @@ class _Core:
         except Exception as e:             # ValueError / TypeError: refused (400); else a bug
             for request_id in taken:
                 self.engine.abort(request_id)
-            self.outputs.send(("refused", ticket, type(e).__name__, one_line(e)))
+            self._mail.put(("refused", ticket, type(e).__name__, one_line(e)))
             return
-        self.outputs.send(("taken", ticket, taken, lengths))
+        self._mail.put(("taken", ticket, taken, lengths))
 
     def _send(self, pending: list[tuple]) -> list:
         if pending:
             self.stats = self._stats()
-            self.outputs.send(("outputs", pending, self.stats))
+            self._mail.put(("outputs", pending, self.stats))
         return []
 
     def _send_stats(self) -> None:
         stats = self._stats()
         if stats != self.stats:
             self.stats = stats
-            self.outputs.send(("stats", stats))
+            self._mail.put(("stats", stats))
 
     def _stats(self) -> tuple[int, int, int, int]:
         sched = self.engine.scheduler
