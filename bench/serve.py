@@ -3,9 +3,9 @@
     python3 -m bench --only serve,offline      (the share of offline needs both in one run)
 
 The OpenAI-compatible server (solutions/engine/server.py) runs in this process on uvicorn,
-over an engine process (async_engine.py) warmed up like offline's engine; the clients run in CLIENT_PROCESSES other processes
-(`python3 -m bench.serve --clients PORT`, so that reading 256 streams does not take the
-server's CPU), each sending its share of the requests at once as streamed /v1/completions
+over an engine process (async_engine.py) warmed up like offline's engine; the clients run in
+CLIENT_PROCESSES other processes (`python3 -m bench.serve --clients PORT`, so that reading 256
+streams does not take the server's CPU), each sending its share of the requests at once as streamed /v1/completions
 (token-id prompts, EOS ignored, `return_token_ids` so each chunk says how many tokens it
 brings). Measured at the clients: output tok/s (every token, from the first request sent to
 the last token received), time to first token per request, and inter-token latency (the gap
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "bench"
-CLIENT_PROCESSES = 4
+CLIENT_PROCESSES = 8     # 32 streams each: with 64 a client process saturated its core and read late
 GOAL_SHARE_OF_OFFLINE = 0.85
 START_TIMEOUT_S = 120
 
