@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=6.0, metavar="MS",
                    help="the GPU's time per step")
     p.add_argument("--host-ms", type=float, default=3.0, metavar="MS",
-                   help="the engine's Python per step, holding the GIL")
+                   help="the engine's own Python per step")
     p.add_argument("--requests", type=int, default=W.OFFLINE_REQUESTS, metavar="N")
     p.add_argument("--scale", type=int, default=2, metavar="K",
                    help="divide output lengths by this")
