@@ -132,13 +132,13 @@ class AsyncEngine:
         self._ticket = itertools.count()
         self._held = 0            # requests taken or asked for, not yet finished or aborted
         self._sending: queue.SimpleQueue = queue.SimpleQueue()
+        from solutions.engine.llm_engine import RequestOutput   # after `--mine` chose
+        self._output = RequestOutput
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Start carrying messages; call from the event loop that will await the streams."""
-        from solutions.engine.llm_engine import RequestOutput
-        self._output = RequestOutput
         self._loop = asyncio.get_running_loop()
         self._threads = [threading.Thread(target=target, name=name, daemon=True)
                          for target, name in ((self._send_commands, "engine commands"),
