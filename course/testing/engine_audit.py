@@ -238,9 +238,12 @@ def _check_preemption(sched, before: _Before, where: str) -> None:
 
 def watch_plans(sched) -> None:
     """Check every step `sched` plans from now on (check_plan), as schedule() returns it
-    (once per scheduler: a second call changes nothing)."""
+    (once per scheduler: a second call changes nothing), and explain an allocation that runs
+    out of blocks (watch_allocations)."""
     if getattr(sched.schedule, "watched", False):
         return
+    if hasattr(sched.allocator, "blocks"):     # stage 13's BlockManager
+        watch_allocations(sched.allocator)
     schedule = sched.schedule
     steps = iter(range(1 << 62))
 
@@ -251,3 +254,23 @@ def watch_plans(sched) -> None:
         return batch
     checked_schedule.watched = True
     sched.schedule = checked_schedule
+
+
+def watch_allocations(block_manager) -> None:
+    """An allocate that runs out of free blocks fails deep in the learner's code, on the free
+    list (KeyError: 'dictionary is empty'); say instead what let it happen."""
+    allocate = block_manager.allocate
+
+    def explained_allocate(seq) -> None:
+        free = block_manager.num_free_blocks
+        try:
+            allocate(seq)
+        except (KeyError, IndexError) as e:
+            raise AssertionError(
+                f"allocate(sequence {seq.seq_id} of {seq.num_tokens} tokens) ran out of free "
+                f"blocks ({free} free when it began; {type(e).__name__}: {e}): can_allocate "
+                "let in a sequence the pool cannot hold. A prefix-cache hit on a free block "
+                "(ref_count 0) leaves the free pool as well, so can_allocate counts the fresh "
+                "blocks plus the hits that are free") from e
+    block_manager.allocate = explained_allocate
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from course import parts
+from course.testing.engine_audit import watch_plans
 
 
 def bm_mod():
@@ -281,6 +282,7 @@ def test_scheduler_preempts_when_blocks_run_out_and_nothing_leaks():
     bm = manager(num_blocks=9, block_size=4)           # 8 blocks = 32 positions
     sched = S.Scheduler(S.SchedulerConfig(max_model_len=24, max_num_seqs=4,
                                           max_num_batched_tokens=64), bm)
+    watch_plans(sched)     # every step's plan checked, an exhausted pool explained
     seqs = [new_seq(i, range(10 * i + 1, 10 * i + 7)) for i in range(4)]   # 6 tokens each
     for s in seqs:
         sched.add(s)
