@@ -529,6 +529,33 @@ def test_a_chunk_event_is_the_json_of_its_response(chat, options):
                 assert json.loads(got[6:]) == want, (got, want)
 
 
+def engine_process(server: Server) -> int:
+    """The pid of the server's engine process (Linux: /proc names a process's children)."""
+    pid = server.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    engines = [int(c) for c in children
+               if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(engines) == 1, f"the server's children: {children}"
+    return engines[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_an_engine_process_that_dies_is_a_503_and_the_server_still_stops(model_dir):
+    s = Server(model_dir)
+    try:
+        os.kill(engine_process(s), signal.SIGKILL)       # as the kernel's OOM killer would
+        status, _, body = until(lambda: (r := s.request("GET", "/health"))[0] == 503 and r,
+                                "/health to say the engine is gone")
+        assert "engine process has exited" in body["status"], body
+        status, _, body = s.request("POST", "/v1/completions", json.dumps(
+            {"model": MODEL, "prompt": [5, 6], "max_tokens": 2}).encode(),
+            {"Content-Type": "application/json"})
+        assert (status, body["error"]["code"]) == (503, "engine_exited"), body
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+    assert any("engine process has exited" in line for line in s.log), "said on stderr"
+
+
 # ----------------------------------------------------------------------------- the engine process
 
 FAIL = [13]        # the stand-in engine's steps raise while a request of this prompt runs

@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import multiprocessing
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -234,6 +235,7 @@ class AsyncEngine:
             self.process.join(1)
             self.exited = (f"the engine process has exited (status {self.process.exitcode}): "
                            "restart the server")
+            print(f"tiny-vllm: {self.exited}", file=sys.stderr, flush=True)
             self._fail_streams(EngineUnavailable(self.exited))
             for ticket in list(self._tickets):
                 self._settle(ticket, EngineUnavailable(self.exited))

@@ -92,7 +92,7 @@ def build_app(serving: AsyncEngine, *, api_key: str | None = None) -> Starlette:
             raise api.APIError(503, f"the server is busy ({e}): retry later",
                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         except EngineUnavailable as e:
-            raise api.APIError(503, str(e)) from None
+            raise api.APIError(503, str(e), code="engine_exited") from None
         except (ValueError, TypeError) as e:
             raise api.APIError(400, str(e), where) from None
         prompt_tokens = sum(lengths[::req.n])    # each prompt once, not once per choice
