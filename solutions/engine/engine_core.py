@@ -5,7 +5,8 @@ server and sending it outputs over two pipes.
 
 Why a process: the HTTP server is Python too, and in one interpreter every chunk it writes
 holds the lock the engine needs to queue its next GPU step; at 256 streams that idled the
-GPU. Here the engine's loop is the offline loop plus a pipe: its host time is its own.
+GPU. Here the engine's loop is the offline loop plus a pipe: its host time is its own, and a
+thread of this process writes the pipe, so a server slow to read never holds up a step.
 
 build: a picklable callable (the process is spawned, not forked: CUDA does not survive a
 fork) that returns Served. Every message is a tuple of plain values (no engine types), so
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING
 from solutions.engine.__main__ import one_line
 
 if TYPE_CHECKING:
-    from solutions.engine.llm_engine import LLMEngine, RequestOutput
+    from solutions.engine.llm_engine import LLMEngine
 
 # prompt, raw -> checked token ids; raw: a string is the whole prompt, not a user message
 Prepare = Callable[[object, bool], list[int]]
