@@ -42,3 +42,14 @@ def test_the_serve_workload_on_a_tiny_model(tmp_path):
     assert results.problems(doc) == []
     assert "| output tok/s |" in serve.table(doc) and "6 streaming HTTP clients" in \
         serve.table(doc)
+
+
+def test_the_stand_in_measure_runs_end_to_end(capsys):
+    """bench.serve_standin on a few short requests: the stand-in engine in the engine process,
+    a client process, every token counted (section() raises otherwise), the figures printed."""
+    from bench import serve_standin
+    assert serve_standin.main(["--requests", "8", "--scale", "64", "--clients", "1",
+                               "--step-ms", "1", "--host-ms", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "offline (the stand-in alone)" in out and "of offline" in out, out
+    assert "server CPU per token" in out, out
