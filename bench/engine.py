@@ -150,16 +150,21 @@ def build_models(shape: dict, seed: int, max_positions: int = PROMPT_TOKENS + NE
 def load_models(model_dir: str, max_positions: int) -> tuple[PreTrainedModel, LlamaModel]:
     """(transformers model, our LlamaModel) of a real checkpoint in HF layout, bf16 on DEVICE."""
     from transformers import AutoModelForCausalLM
-
-    from course import parts
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16,
                                               attn_implementation="sdpa").to(DEVICE).eval()
+    return hf, our_model(model_dir, max_positions)
+
+
+def our_model(model_dir: str, max_positions: int, device: str | None = None) -> LlamaModel:
+    """Our LlamaModel of a checkpoint in HF layout, loaded as the engine loads one
+    (load_checked): bf16 on a GPU, float32 on the CPU (device: DEVICE unless given)."""
+    from course import parts
+    device = device or DEVICE
     config = parts.load("01", "config").load_config(model_dir)
-    weights = parts.load("01", "checkpoint").load_weights(model_dir, config)
-    ours = parts.load("08", "model").LlamaModel(config, weights, device=DEVICE,
-                                                dtype=torch.bfloat16,
-                                                max_positions=max_positions)
-    return hf, ours
+    weights = parts.load("01", "checkpoint").load_checked(model_dir, config)
+    return parts.load("08", "model").LlamaModel(
+        config, weights, device=device,
+        dtype=torch.float32 if device == "cpu" else torch.bfloat16, max_positions=max_positions)
 
 
 def bench_shape(name: str, shape: dict, runs: int, seed: int) -> dict:

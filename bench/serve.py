@@ -5,11 +5,12 @@
 The OpenAI-compatible server (solutions/engine/server.py) runs in this process on uvicorn,
 over an engine process (async_engine.py) warmed up like offline's engine; the clients run in
 CLIENT_PROCESSES other processes (`python3 -m bench.serve --clients PORT`, so that reading 256
-streams does not take the server's CPU), each sending its share of the requests at once as streamed /v1/completions
-(token-id prompts, EOS ignored, `return_token_ids` so each chunk says how many tokens it
-brings). Measured at the clients: output tok/s (every token, from the first request sent to
-the last token received), time to first token per request, and inter-token latency (the gap
-between a request's chunks, shared by the tokens a chunk brings), p50 and p99. Each client
+streams does not take the server's CPU), each sending its share of the requests at once as
+streamed /v1/completions (token-id prompts, EOS ignored, `return_token_ids` so each chunk
+says how many tokens it brings). Measured at the clients: output tok/s (every token, from
+the first request sent to the last token received), time to first token per request, and
+inter-token latency (the gap between a request's chunks, shared by the tokens a chunk
+brings), p50 and p99. Each client
 checks it got exactly its tokens.
 
 transformers' own server (`transformers serve`) is compared where it can run this workload:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "bench"
-CLIENT_PROCESSES = 8     # 32 streams each: with 64 a client process saturated its core and read late
+CLIENT_PROCESSES = 8     # 32 streams each: with 64, a client process saturated its core
 GOAL_SHARE_OF_OFFLINE = 0.85
 START_TIMEOUT_S = 120
 
@@ -56,20 +57,13 @@ def engine_of(max_model_len: int, max_positions: int, shape: str | None = None, 
     random weights of a shape made from seed as bench.engine.build_models makes them (the
     same weights as this process's) or a checkpoint, under an engine warmed up as offline's
     is, taking token ids only."""
-    import torch
-
-    from bench.engine import SHAPES, build_models
+    from bench.engine import SHAPES, build_models, our_model
     from bench.ours import warmed_engine
-    from course import parts
     from solutions.engine.engine_core import Served, ids_only
     if model_dir is None:
         _, model, _ = build_models(SHAPES[shape], seed, max_positions)
     else:
-        config = parts.load("01", "config").load_config(model_dir)
-        weights = parts.load("01", "checkpoint").load_checked(model_dir, config)
-        model = parts.load("08", "model").LlamaModel(
-            config, weights, device, torch.bfloat16 if device == "cuda" else torch.float32,
-            max_positions=max_positions)
+        model = our_model(model_dir, max_positions, device)
     engine, _ = warmed_engine(model, max_model_len, prefix_caching=True)
     return Served(engine, ids_only(max_model_len), False, MODEL_NAME,
                   about=engine.runner.describe())

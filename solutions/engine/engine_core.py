@@ -106,7 +106,9 @@ def run(build: Callable[[], Served], commands: Connection, outputs: Connection,
 
 class _Core:
     def __init__(self, served: Served, outputs: Connection, stream_interval_s: float):
+        from course import parts
         self.served, self.engine = served, served.engine
+        self.sampling_params = parts.load("11", "sampling_params").SamplingParams
         self.interval = stream_interval_s
         self.stats: tuple[int, int, int, int] | None = None
         # A thread of its own pickles and writes the messages: the step loop only queues
@@ -170,15 +172,13 @@ class _Core:
         return True
 
     def _add(self, ticket: int, jobs: list[tuple[object, bool, dict]]) -> None:
-        from course import parts
-        sampling_params = parts.load("11", "sampling_params").SamplingParams
         taken: list[int] = []
         lengths: list[int] = []
         try:
             for prompt, raw, fields in jobs:
                 ids = self.served.prepare(prompt, raw)
                 rest = max(1, self.engine.max_model_len - len(ids))   # a full prompt gets one
-                params = sampling_params(**{"max_tokens": rest, **fields})
+                params = self.sampling_params(**{"max_tokens": rest, **fields})
                 taken.append(self.engine.add_request(ids, params))
                 lengths.append(len(ids))
         except Exception as e:             # ValueError / TypeError: refused (400); else a bug

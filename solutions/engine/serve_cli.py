@@ -20,7 +20,6 @@ import socket
 import sys
 from collections.abc import Callable
 from functools import partial
-
 from typing import TYPE_CHECKING
 
 from solutions.engine.async_engine import STREAM_INTERVAL_S

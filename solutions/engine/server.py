@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over the engine: the ASGI app (Starlette; serve_cli.py
 runs it on uvicorn).
 
-    engine = AsyncEngine(partial(load_llm, model_dir), max_waiting=256)   # its own process
+    engine = AsyncEngine(partial(load_llm, model_dir, "auto", None, 256), max_waiting=256)
     app = build_app(engine, api_key=None)
     curl localhost:8000/v1/chat/completions -H 'Content-Type: application/json' \\
          -d '{"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "Hi"}]}'
@@ -14,10 +14,11 @@ One engine process serves every connection together (async_engine.py, engine_cor
 request is add_request there, a client that leaves (mid-stream, or before a whole response is
 done) is abort, its cache freed at once. Streams get their tokens at most every 20 ms
 (--stream-interval): a chunk then holds the tokens of the steps since the last, which keeps
-the server's per-chunk work (a JSON body, an HTTP write) bounded however fast the steps come. Errors are OpenAI's error object with the status: 400 for a body
-that is not JSON, a missing, wrong or unsupported field, an unknown model, a prompt longer
-than the context; 401 for a wrong or missing key (--api-key); 413 for a body over 8 MiB;
-503 with Retry-After when the engine already holds its running and max_waiting requests.
+the server's per-chunk work (a JSON body, an HTTP write) bounded however fast the steps come.
+Errors are OpenAI's error object with the status: 400 for a body that is not JSON, a missing,
+wrong or unsupported field, an unknown model, a prompt longer than the context; 401 for a
+wrong or missing key (--api-key); 413 for a body over 8 MiB; 503 with Retry-After when the
+engine already holds its running and max_waiting requests, 503 when its process has exited.
 """
 from __future__ import annotations
 
